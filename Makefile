@@ -1,0 +1,31 @@
+# Quick start: `make run` (train the quick-start config on CPU) and `make test` (the test suite).
+# Both create .venv and install on first use; torch==2.13.0 is installed first so pip takes the CPU wheel.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CONFIG ?= configs/quickstart.yaml
+
+.PHONY: install run smoke test bench-engine clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/drmas run --config $(CONFIG)
+
+smoke: install
+	$(VENV)/bin/drmas run --config configs/smoke.yaml
+
+test: install
+	$(PY) -m pytest -q
+
+bench-engine: install
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf runs .pytest_cache

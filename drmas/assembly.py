@@ -1,0 +1,65 @@
+"""Build the run's components from a resolved config: task, orchestra, agent specs, model directories.
+
+Shared by the colocated loop, evaluation and (later) the rollout and learner processes, so every process
+interprets a config the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from drmas.config.schema import DrmasConfig
+from drmas.engines.base import SamplingParams
+from drmas.mas.base import Orchestra
+from drmas.rollout.episodes import AgentSpec
+from drmas.tasks.base import Task
+
+
+def register_builtins() -> None:
+    """Import the modules whose import registers the built-in engines, orchestras and tasks."""
+    import drmas.engines.embedded  # noqa: F401
+    import drmas.mas.math  # noqa: F401
+    import drmas.tasks  # noqa: F401
+
+
+def build_task(cfg: DrmasConfig) -> Task:
+    register_builtins()
+    from drmas.tasks import build_task as _build
+
+    return _build(cfg.task)
+
+
+def build_orchestra(cfg: DrmasConfig, task: Task) -> Orchestra:
+    register_builtins()
+    from drmas.mas import ORCHESTRAS
+
+    agents_by_role = {a.role: name for name, a in cfg.agents.items()}
+    return ORCHESTRAS.get(cfg.system.name)(cfg.system, agents_by_role, task)
+
+
+def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str, AgentSpec]:
+    """Sampling parameters per agent: the agent's overrides over the rollout defaults (`temperature`, when
+    given, replaces every agent's temperature, as evaluation does)."""
+    specs = {}
+    for name, a in cfg.agents.items():
+        temp = a.temperature if a.temperature is not None else cfg.rollout.temperature
+        if temperature is not None:
+            temp = temperature
+        sampling = SamplingParams(
+            temperature=temp,
+            top_p=a.top_p if a.top_p is not None else cfg.rollout.top_p,
+            max_new_tokens=a.max_new_tokens or cfg.rollout.max_new_tokens,
+        )
+        specs[name] = AgentSpec(model=a.model, sampling=sampling)
+    return specs
+
+
+def model_path(cfg: DrmasConfig, model_id: str) -> Path:
+    from drmas.models import resolve_model_path
+
+    return resolve_model_path(cfg.models[model_id], where=f"models.{model_id}")
+
+
+def trained_agents(cfg: DrmasConfig, model_id: str) -> list[str]:
+    """Agents whose samples train `model_id`."""
+    return [n for n, a in cfg.agents.items() if a.model == model_id and a.trainable]

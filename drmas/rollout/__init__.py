@@ -1,0 +1,1 @@
+"""Rollout: running multi-agent episodes on engines and turning them into training samples."""

@@ -1,0 +1,166 @@
+"""Drive many multi-agent episodes at once and batch their LLM calls per engine.
+
+Each orchestra episode is a generator waiting on one agent turn. Every round, the runner gathers the
+pending turns of all live episodes, groups them by the model that serves the agent, makes one batched
+`generate` call per engine, and sends each episode its response. Episodes of different lengths simply
+finish at different rounds. The result is one `Sample` per agent call, rewards filled in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from drmas.engines.base import Engine, Generation, SamplingParams
+from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra
+from drmas.protocol import Sample
+from drmas.tasks.base import Problem
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """How one agent is served: its model id and its sampling parameters."""
+
+    model: str
+    sampling: SamplingParams
+
+
+@dataclass
+class EpisodeRequest:
+    """One episode to run: which problem, which GRPO group it belongs to, its unique id."""
+
+    episode_id: str
+    group_id: str
+    problem: Problem
+
+
+@dataclass
+class EpisodeResult:
+    request: EpisodeRequest
+    outcome: EpisodeOutcome
+    samples: list[Sample] = field(default_factory=list)
+
+
+@dataclass
+class _Call:
+    agent: str
+    model: str
+    prompt_ids: list[int]
+    generation: Generation
+
+
+@dataclass
+class _Live:
+    request: EpisodeRequest
+    episode: object  # the orchestra's generator
+    turn: AgentTurn
+    calls: list[_Call] = field(default_factory=list)
+
+
+class EpisodeRunner:
+    """Runs episodes of one orchestra against a set of engines (one per model id)."""
+
+    def __init__(
+        self,
+        orchestra: Orchestra,
+        engines: Mapping[str, Engine],
+        agents: Mapping[str, AgentSpec],
+        invalid_penalty: float,
+        seed: int | None = None,
+    ) -> None:
+        """With `seed`, every call is sampled from its own stream derived from (seed, episode id, turn):
+        the same episode samples the same tokens whatever else shares its batch, and a resumed run
+        continues exactly as an uninterrupted one would."""
+        missing = [a for a in orchestra.agents if a not in agents]
+        if missing:
+            raise ValueError(f"the orchestra needs agents {missing} that are not configured")
+        for name, spec in agents.items():
+            if spec.model not in engines:
+                raise ValueError(f"agent {name!r} uses model {spec.model!r} which has no engine")
+        self.orchestra = orchestra
+        self.engines = engines
+        self.agents = agents
+        self.invalid_penalty = invalid_penalty
+        self.seed = seed
+
+    def run(self, requests: Sequence[EpisodeRequest]) -> list[EpisodeResult]:
+        """Run every episode to its end; results come back in request order."""
+        results: dict[str, EpisodeResult] = {}
+        live: list[_Live] = []
+        for req in requests:
+            episode = self.orchestra.run(req.problem)
+            self._advance(_Live(req, episode, turn=None), None, live, results)  # type: ignore[arg-type]
+        while live:
+            by_model: dict[str, list[_Live]] = defaultdict(list)
+            for item in live:
+                by_model[self.agents[item.turn.agent].model].append(item)
+            live = []
+            for model, items in by_model.items():
+                responses = self._generate(model, items)
+                for item, (prompt_ids, gen) in zip(items, responses):
+                    item.calls.append(_Call(item.turn.agent, model, prompt_ids, gen))
+                    self._advance(item, gen.text, live, results)
+        return [results[req.episode_id] for req in requests]
+
+    def _generate(self, model: str, items: list[_Live]) -> list[tuple[list[int], Generation]]:
+        engine = self.engines[model]
+        prompts = [self._encode(engine, item.turn) for item in items]
+        params = [self._sampling(item) for item in items]
+        return list(zip(prompts, engine.generate(prompts, params)))
+
+    def _sampling(self, item: _Live) -> SamplingParams:
+        params = self.agents[item.turn.agent].sampling
+        if self.seed is None:
+            return params
+        key = f"{self.seed}:{item.request.episode_id}:{len(item.calls)}".encode()
+        return dataclasses.replace(params, seed=zlib.crc32(key))
+
+    @staticmethod
+    def _encode(engine: Engine, turn: AgentTurn) -> list[int]:
+        ids = engine.tokenizer.apply_chat_template(turn.messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+
+    def _advance(self, item: _Live, response: str | None, live: list[_Live], results: dict) -> None:
+        """Send the response (None to start) and either queue the next turn or finish the episode."""
+        try:
+            item.turn = item.episode.send(response)  # type: ignore[attr-defined]
+        except StopIteration as stop:
+            outcome: EpisodeOutcome = stop.value
+            results[item.request.episode_id] = EpisodeResult(item.request, outcome, self._samples(item, outcome))
+            return
+        if item.turn.agent not in self.agents:
+            raise ValueError(f"orchestra asked for agent {item.turn.agent!r} which is not configured")
+        live.append(item)
+
+    def _samples(self, item: _Live, outcome: EpisodeOutcome) -> list[Sample]:
+        if len(outcome.turns) != len(item.calls):
+            raise RuntimeError(
+                f"orchestra reported {len(outcome.turns)} turns for {len(item.calls)} calls in episode "
+                f"{item.request.episode_id}"
+            )
+        samples = []
+        for index, (call, turn) in enumerate(zip(item.calls, outcome.turns)):
+            reward = outcome.reward - self.invalid_penalty * (0.0 if turn.valid else 1.0)
+            samples.append(
+                Sample(
+                    episode_id=item.request.episode_id,
+                    group_id=item.request.group_id,
+                    agent=call.agent,
+                    model=call.model,
+                    turn=index,
+                    prompt_ids=call.prompt_ids,
+                    response_ids=call.generation.token_ids,
+                    behaviour_logprobs=call.generation.logprobs,
+                    policy_version=call.generation.version,
+                    temperature=self.agents[call.agent].sampling.temperature,
+                    valid=turn.valid,
+                    reward=reward,
+                    episode_reward=outcome.reward,
+                )
+            )
+        return samples

@@ -1,0 +1,29 @@
+"""Tasks: sources of problems with a train/test split and a grader, chosen by name from the config.
+
+`TASKS` is defined before the built-in task modules are imported because they register themselves into
+it with `@TASKS.register(...)`; importing this package is therefore enough to make every built-in task
+available to `build_task`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from drmas.config.schema import TaskConfig
+from drmas.registry import Registry
+from drmas.tasks.base import Problem, Task
+
+TaskFactory = Callable[[TaskConfig], Task]
+
+TASKS: Registry[TaskFactory] = Registry("task")
+
+# Imported for their registration side effect; must come after TASKS exists.
+from drmas.tasks import arithmetic, files  # noqa: E402,F401
+
+
+def build_task(cfg: TaskConfig) -> Task:
+    """The task named by `cfg.name`, built from `cfg` (unknown names fail with the known ones listed)."""
+    return TASKS.get(cfg.name)(cfg)
+
+
+__all__ = ["TASKS", "Problem", "Task", "TaskFactory", "build_task"]

@@ -1,0 +1,183 @@
+"""Math problems loaded from local files: GSM8K, MATH / MATH500 and AIME-style jsonl or parquet.
+
+No data hub is reachable from the training machines, so real benchmarks arrive as files the user
+supplies. The common public layouts are recognised row by row from their keys, so one file may even mix
+them:
+
+- GSM8K: ``question`` + ``answer`` whose final answer follows ``####`` (the worked solution precedes it).
+- MATH / MATH500: ``problem`` + ``solution`` containing ``\\boxed{}``, and/or a clean ``answer`` field
+  (preferred when present, since it needs no extraction).
+- AIME-style: ``problem`` or ``question`` + ``answer``, where the answer may be a JSON number.
+
+A data error found mid-training would waste the run, so every file is read when the task is built and
+every bad row fails with its file and line (jsonl, 1-based) or row index (parquet, 0-based).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from drmas.config.schema import TaskConfig
+from drmas.tasks import TASKS
+from drmas.tasks.base import Problem
+from drmas.tasks.grading import extract_boxed, grade_answer
+
+QUESTION_KEYS = ("problem", "question")
+GSM8K_MARKER = "####"
+SUPPORTED_SUFFIXES = (".jsonl", ".parquet")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One raw record and where it came from, so any error about it can point at the exact place."""
+
+    where: str  # "path:LINE" for jsonl, "path:row N" for parquet
+    data: dict[str, Any]
+
+
+def read_rows(path: Path) -> list[Row]:
+    """All records of a .jsonl or .parquet file; errors name the file (and line) at fault."""
+    if not path.is_file():
+        raise FileNotFoundError(f"task file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        rows = list(_jsonl_rows(path))
+    elif suffix == ".parquet":
+        rows = list(_parquet_rows(path))
+    else:
+        expected = ", ".join(SUPPORTED_SUFFIXES)
+        raise ValueError(f"{path}: unsupported file type {suffix!r}; expected one of {expected}")
+    if not rows:
+        raise ValueError(f"{path}: the file holds no problems")
+    return rows
+
+
+def _jsonl_rows(path: Path) -> Iterator[Row]:
+    """Records of a JSON-lines file; blank lines are skipped (editors and concatenation leave them)."""
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where}: invalid JSON: {error}") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            yield Row(where, record)
+
+
+def _parquet_rows(path: Path) -> Iterator[Row]:
+    """Records of a parquet file (pyarrow is imported only when a parquet file is actually used)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as error:
+        raise ImportError(f"{path}: reading parquet files needs pyarrow (pip install pyarrow)") from error
+    try:
+        records = pq.read_table(path).to_pylist()
+    except Exception as error:  # noqa: BLE001 - pyarrow raises several unrelated types for a bad file
+        raise ValueError(f"{path}: not a readable parquet file: {error}") from error
+    for index, record in enumerate(records):
+        yield Row(f"{path}:row {index}", record)
+
+
+def _present(row: Row, key: str) -> bool:
+    """A field counts as present when it is there and not null or blank."""
+    value = row.data.get(key)
+    return value is not None and not (isinstance(value, str) and not value.strip())
+
+
+def _keys_found(row: Row) -> str:
+    """The keys that hold a value (parquet gives every row every column, nulls included), for error text."""
+    return ", ".join(repr(key) for key in row.data if _present(row, key)) or "none"
+
+
+def row_question(row: Row) -> str:
+    """The problem statement: `problem` (MATH, AIME) or `question` (GSM8K)."""
+    for key in QUESTION_KEYS:
+        if _present(row, key):
+            return str(row.data[key]).strip()
+    raise ValueError(
+        f"{row.where}: no question field (expected 'problem' or 'question'); keys found: {_keys_found(row)}"
+    )
+
+
+def _scalar_answer(value: Any) -> str:
+    """A JSON/parquet answer value as text; integral floats lose the '.0' (AIME answers are integers)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
+def row_answer(row: Row) -> tuple[str, str]:
+    """The gold final answer and the name of the layout it was read from."""
+    if _present(row, "answer"):
+        value = row.data["answer"]
+        if isinstance(value, str) and GSM8K_MARKER in value:
+            return value.rsplit(GSM8K_MARKER, 1)[1].strip(), "gsm8k"
+        if isinstance(value, str) and (boxed := extract_boxed(value)) is not None:
+            return boxed, "answer"
+        return _scalar_answer(value), "answer"
+    if _present(row, "solution"):
+        boxed = extract_boxed(str(row.data["solution"]))
+        if boxed is None:
+            raise ValueError(f"{row.where}: 'solution' has no \\boxed{{}} answer and there is no 'answer' field")
+        return boxed, "math"
+    raise ValueError(
+        f"{row.where}: no answer field (expected 'answer', or 'solution' with \\boxed{{}}); "
+        f"keys found: {_keys_found(row)}"
+    )
+
+
+def row_problem(row: Row, split: str, index: int) -> Problem:
+    """A Problem from one record; meta says where it came from for tracing odd rewards back to the data."""
+    question = row_question(row)
+    answer, layout = row_answer(row)
+    if not answer:
+        raise ValueError(f"{row.where}: the answer is empty")
+    return Problem(
+        uid=f"file-{split}-{index:06d}",
+        question=question,
+        answer=answer,
+        meta={"source": row.where, "layout": layout},
+    )
+
+
+def load_problems(path: str | Path, split: str) -> list[Problem]:
+    """Every problem of one file, with uids numbered within `split`."""
+    return [row_problem(row, split, index) for index, row in enumerate(read_rows(Path(path)))]
+
+
+class MathFileTask:
+    """Math problems from user-supplied train/test files, graded by the final answer (task.answer_extraction)."""
+
+    name = "math_file"
+
+    def __init__(self, cfg: TaskConfig) -> None:
+        self._extraction = cfg.answer_extraction
+        self._files: dict[str, Optional[str]] = {"train": cfg.train_file, "test": cfg.test_file}
+        if not any(self._files.values()):
+            raise ValueError("math_file task: set task.train_file and/or task.test_file")
+        self._splits = {name: load_problems(path, name) for name, path in self._files.items() if path}
+
+    def split(self, name: str) -> Sequence[Problem]:
+        """The problems of split `name`; a split without a configured file is an error, not an empty list."""
+        if name not in self._files:
+            raise ValueError(f"math_file task has no split {name!r}; known: {', '.join(self._files)}")
+        if name not in self._splits:
+            raise ValueError(f"math_file task: split {name!r} needs a file; set task.{name}_file")
+        return self._splits[name]
+
+    def grade(self, problem: Problem, response: str) -> float:
+        """1.0 when the response's final answer (last box; see grade_answer) equals the problem's gold answer."""
+        return grade_answer(response, problem.answer, self._extraction)
+
+
+@TASKS.register("math_file")
+def make_math_file_task(cfg: TaskConfig) -> MathFileTask:
+    """Registry factory: the file-backed math task described by `cfg`."""
+    return MathFileTask(cfg)

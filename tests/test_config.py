@@ -1,0 +1,88 @@
+"""Config loading: YAML + overrides against the typed schema, and errors that name the key."""
+
+from pathlib import Path
+
+import pytest
+
+from drmas.cli import main
+from drmas.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "configs" / "smoke.yaml"
+
+
+def test_smoke_config_loads_and_overrides_apply():
+    cfg = load_config(SMOKE, ["trainer.steps=7", "algorithm.normalization=global", "agents.solver.temperature=0.5"])
+    assert cfg.trainer.steps == 7
+    assert cfg.algorithm.normalization == "global"
+    assert cfg.agents["solver"].temperature == 0.5
+    assert cfg.agents["verifier"].max_new_tokens == 12
+    assert cfg.models["policy"].builtin == "tiny"
+
+
+def test_shipped_configs_are_valid():
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        load_config(path)
+
+
+def test_typo_in_key_names_key_and_suggestion():
+    with pytest.raises(ConfigError) as err:
+        load_config(SMOKE, ["trainer.stpes=3"])
+    assert "trainer.stpes" in str(err.value) and "trainer.steps" in str(err.value)
+
+
+def test_typo_inside_agent_entry_is_caught(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SMOKE.read_text().replace("solver: {role: solver, model: policy}",
+                                             "solver: {role: solver, model: policy, temprature: 0.3}"))
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert "agents.solver.temprature" in str(err.value) and "agents.solver.temperature" in str(err.value)
+
+
+def test_wrong_type_names_key():
+    with pytest.raises(ConfigError) as err:
+        load_config(SMOKE, ["trainer.steps=many"])
+    assert "trainer.steps" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("algorithm.normalization=agentwise", "algorithm.normalization"),
+        ("agents.solver.model=nope", "agents.solver.model"),
+        ("rollout.group_size=0", "rollout.group_size"),
+        ("algorithm.dual_clip=0.5", "algorithm.dual_clip"),
+        ("system.name=chess", "system.name"),
+        ("models.policy.builtin=gpt5", "models.policy.builtin"),
+        ("agents.solver.top_p=1.5", "agents.solver.top_p"),
+    ],
+)
+def test_impossible_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(SMOKE, [override])
+    assert key in str(err.value)
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="nowhere.yaml"):
+        load_config(tmp_path / "nowhere.yaml")
+
+
+def test_cli_config_show_prints_resolved_config(capsys):
+    assert main(["config", "show", "--config", str(SMOKE), "trainer.steps=11"]) == 0
+    out = capsys.readouterr().out
+    assert "steps: 11" in out and "normalization: agent" in out
+
+
+def test_cli_reports_config_error_before_work(capsys):
+    assert main(["run", "--config", str(SMOKE), "trainer.stpes=3"]) == 2
+    assert "trainer.steps" in capsys.readouterr().err
+
+
+def test_cli_config_keys_lists_help():
+    from drmas.config import iter_help
+
+    rows = {key: text for key, _, text in iter_help()}
+    assert "algorithm.normalization" in rows and "Dr. MAS" in rows["algorithm.normalization"]
+    assert "agents.<agent>.model" in rows
