@@ -54,48 +54,63 @@ class PolicyTrainer:
     def logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
         """Learner log-probs of every response token (no gradient), in sample order."""
         out: list[torch.Tensor | None] = [None] * len(samples)
-        for idx, micro, temperature in self._micro_batches(samples):
+        for idx, micro, temperatures in self._micro_batches(samples):
             lps = sequence_logprobs(
-                self.model, [s.prompt_ids for s in micro], [s.response_ids for s in micro], temperature
+                self.model, [s.prompt_ids for s in micro], [s.response_ids for s in micro], temperatures
             )
             for i, lp in zip(idx, lps):
                 out[i] = lp.detach().float()
         return out  # type: ignore[return-value]
 
     def update(self, samples: Sequence[Sample], advantages: np.ndarray) -> dict[str, float]:
-        """Take `optim_steps_per_update` optimizer steps on these samples; returns metrics named per model."""
+        """Take `optim_steps_per_update` optimizer steps on these samples; returns metrics named per model.
+
+        The proximal policy is these weights before the update. The first step's gradient forward pass runs
+        on exactly those weights, so its detached log-probs *are* the proximal log-probs; only the samples
+        of later steps need a separate no-grad pass, made before the first step changes the weights.
+        """
         if not samples:
             return {}
-        proximal = self.logprobs(samples)
+        chunks = np.array_split(np.arange(len(samples)), min(self.alg.optim_steps_per_update, len(samples)))
+        proximal: list[torch.Tensor | None] = [None] * len(samples)
+        if len(chunks) > 1:
+            later = np.concatenate(chunks[1:])
+            for i, lp in zip(later, self.logprobs([samples[i] for i in later])):
+                proximal[i] = lp
         behaviour = [torch.tensor(s.behaviour_logprobs, dtype=torch.float32) for s in samples]
         weights = np.array([self.agent_loss_weights.get(s.agent, 1.0) for s in samples], dtype=np.float64)
         adv = np.asarray(advantages, dtype=np.float64) * weights
         sums: dict[str, list[float]] = defaultdict(list)
-        for chunk in np.array_split(np.arange(len(samples)), min(self.alg.optim_steps_per_update, len(samples))):
-            self._optimizer_step([samples[i] for i in chunk], [proximal[i] for i in chunk],
-                                 [behaviour[i] for i in chunk], adv[chunk], sums)
+        for chunk in chunks:
+            self._optimizer_step(chunk, samples, proximal, behaviour, adv, sums)
         m = self.model_id
-        metrics = {
+        return {
             f"loss/{m}": float(np.mean(sums["loss"])),
             f"grad_norm/{m}": float(np.mean(sums["grad_norm"])),
             f"grad_norm/{m}/max": float(np.max(sums["grad_norm"])),
-            f"mismatch_kl/{m}": _k3(proximal, behaviour),
+            f"mismatch_kl/{m}": _k3(proximal, behaviour),  # type: ignore[arg-type]
             f"clip_fraction/{m}": float(np.mean(sums["clip_fraction"])),
             f"is_ratio/{m}/mean": float(np.mean(sums["is_weight_mean"])),
             f"is_ratio/{m}/max": float(np.max(sums["is_weight_max"])),
             f"skipped_steps/{m}": float(self.skipped_steps),
             f"tokens/{m}": float(sum(len(s.response_ids) for s in samples)),
         }
-        return metrics
 
-    def _optimizer_step(self, samples, proximal, behaviour, adv, sums) -> None:
+    def _optimizer_step(self, chunk: np.ndarray, samples, proximal, behaviour, adv, sums) -> None:
+        """One optimizer step over samples[chunk], accumulating micro-batch gradients; fills in missing
+        proximal log-probs from the (pre-step) gradient pass."""
         self.optimizer.zero_grad(set_to_none=True)
-        total_tokens = max(sum(len(s.response_ids) for s in samples), 1)
+        part = [samples[i] for i in chunk]
+        total_tokens = max(sum(len(s.response_ids) for s in part), 1)
         loss_total, stats_acc = 0.0, defaultdict(list)
-        for idx, micro, temperature in self._micro_batches(samples):
+        for local, micro, temperatures in self._micro_batches(part):
+            idx = [int(chunk[j]) for j in local]
             logps = sequence_logprobs(
-                self.model, [s.prompt_ids for s in micro], [s.response_ids for s in micro], temperature
+                self.model, [s.prompt_ids for s in micro], [s.response_ids for s in micro], temperatures
             )
+            for i, lp in zip(idx, logps):
+                if proximal[i] is None:
+                    proximal[i] = lp.detach()
             mask = _pad([torch.ones(len(s.response_ids)) for s in micro])
             adv_tok = _pad([torch.full((len(samples[i].response_ids),), float(adv[i])) for i in idx])
             loss, stats = ppo_loss(
@@ -103,7 +118,8 @@ class PolicyTrainer:
                 clip_low=self.alg.clip_low, clip_high=self.alg.clip_high, dual_clip=self.alg.dual_clip,
                 max_is_weight=self.alg.max_is_weight, aggregation=self.alg.aggregation,
             )
-            scale = (mask.sum().item() / total_tokens) if self.alg.aggregation == "token-mean" else len(idx) / len(samples)
+            token_mean = self.alg.aggregation == "token-mean"
+            scale = mask.sum().item() / total_tokens if token_mean else len(idx) / len(part)
             (loss * scale).backward()
             loss_total += loss.item() * scale
             for k, v in stats.items():
@@ -123,16 +139,12 @@ class PolicyTrainer:
         sums["is_weight_max"].append(float(np.max(stats_acc.get("is_weight_max", [1.0]))))
 
     def _micro_batches(self, samples: Sequence[Sample]):
-        """(indices, samples, temperature) micro-batches; one temperature per batch, similar lengths together."""
-        by_temp: dict[float, list[int]] = defaultdict(list)
-        for i, s in enumerate(samples):
-            by_temp[s.temperature if s.temperature > 0 else 1.0].append(i)
+        """(indices, samples, temperatures) micro-batches of similar lengths (little padding)."""
+        order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
         size = self.alg.micro_batch_size
-        for temperature, idx in by_temp.items():
-            idx = sorted(idx, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
-            for start in range(0, len(idx), size):
-                part = idx[start : start + size]
-                yield part, [samples[i] for i in part], temperature
+        for start in range(0, len(order), size):
+            part = order[start : start + size]
+            yield part, [samples[i] for i in part], [samples[i].temperature for i in part]
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "skipped_steps": self.skipped_steps,
