@@ -50,7 +50,7 @@ PEOPLE = (
     Person("Noah", "he", "him", "his", "s"),
     Person("Zoe", "she", "her", "her", "s"),
     Person("Omar", "he", "him", "his", "s"),
-    Person("Sam", "they", "them", "their", ""),
+    Person("Ben", "he", "him", "his", "s"),
     Person("Priya", "she", "her", "her", "s"),
 )
 # Countable items as (singular, plural), so "1 apple" and "7 apples" both read naturally.
