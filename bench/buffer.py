@@ -1,0 +1,189 @@
+"""Throughput of producer -> trajectory buffer -> consumer against raw pyzmq PUSH/PULL of the same messages.
+
+Each episode has two ~10 KiB samples (solver + verifier: 1024 token ids, 768 behaviour log-probs), four
+episodes per group. Every side runs in its own process, as in a real deployment. Three runs:
+
+* buffer:        BufferProducer.send_episode -> TrajectoryBuffer -> BufferConsumer.pull (decoded groups)
+* raw, same work: PUSH of msgspec-encoded EpisodeMsg -> PULL + decode, holding as many decoded samples
+                 at a time as one buffer pull returns (the endpoints do what ours do)
+* raw transport: PUSH of pre-encoded bytes -> PULL, no decoding (the wire's ceiling)
+
+    python bench/buffer.py [--episodes 3000] [--window 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import random
+import time
+
+import zmq
+
+AGENTS = {"solver": "m1", "verifier": "m2"}
+GROUP_SIZE = 4
+
+
+def make_episodes(n_episodes: int, seed: int = 0) -> list[tuple[str, str, list]]:
+    """(group_id, episode_id, samples) per episode; built in each process, outside the timed part."""
+    from drmas.protocol import Sample
+
+    rng = random.Random(seed)
+    episodes = []
+    for index in range(n_episodes):
+        group_id, episode_id = f"g{index // GROUP_SIZE}", f"e{index}"
+        samples = [
+            Sample(
+                episode_id=episode_id, group_id=group_id, agent=agent, model=model, turn=turn,
+                prompt_ids=[rng.randrange(50_000) for _ in range(256)],
+                response_ids=[rng.randrange(50_000) for _ in range(768)],
+                behaviour_logprobs=[-rng.random() for _ in range(768)],
+                policy_version=0, temperature=1.0, valid=True, reward=rng.random(),
+            )
+            for turn, (agent, model) in enumerate(AGENTS.items())
+        ]
+        episodes.append((group_id, episode_id, samples))
+    return episodes
+
+
+def _start_when_ready(ready: mp.Event, go: mp.Event) -> None:
+    """Start the clock only once the producer has built its episodes and connected."""
+    if not ready.wait(300):
+        raise TimeoutError("producer did not get ready")
+    time.sleep(0.2)  # let the connection settle
+    go.set()
+
+
+# ---- buffer path ----------------------------------------------------------------------------------
+
+
+def run_buffer_server(endpoints: mp.Queue, stop: mp.Event, capacity: int, validate: bool) -> None:
+    from drmas.buffer import BufferConfig, TrajectoryBuffer
+
+    config = BufferConfig(producer_endpoint="tcp://127.0.0.1:0", consumer_endpoint="tcp://127.0.0.1:0",
+                          capacity_samples=capacity, validate_samples=validate)
+    buffer = TrajectoryBuffer(config, agent_models=AGENTS).start()
+    endpoints.put((buffer.producer_endpoint, buffer.consumer_endpoint))
+    stop.wait()
+    buffer.stop()
+
+
+def run_buffer_producer(endpoint: str, n_episodes: int, window: int, ready: mp.Event, go: mp.Event) -> None:
+    from drmas.buffer import BufferProducer
+
+    episodes = make_episodes(n_episodes)
+    with BufferProducer(endpoint, "bench", window=window, timeout_s=60) as producer:
+        ready.set()
+        go.wait()
+        for group_id, episode_id, samples in episodes:
+            producer.send_episode(group_id, GROUP_SIZE, episode_id, samples)
+        producer.flush()
+
+
+def bench_buffer(n_episodes: int, window: int, capacity: int, validate: bool, pull_groups: int) -> float:
+    from drmas.buffer import BufferConsumer
+
+    endpoints, stop, ready, go = mp.Queue(), mp.Event(), mp.Event(), mp.Event()
+    server = mp.Process(target=run_buffer_server, args=(endpoints, stop, capacity, validate))
+    server.start()
+    producer_endpoint, consumer_endpoint = endpoints.get(timeout=60)
+    producer = mp.Process(target=run_buffer_producer, args=(producer_endpoint, n_episodes, window, ready, go))
+    producer.start()
+    total = n_episodes * len(AGENTS)
+    try:
+        with BufferConsumer(consumer_endpoint, timeout_s=60) as consumer:
+            consumer.stats()  # connected before the clock starts
+            _start_when_ready(ready, go)
+            start, received = time.perf_counter(), 0
+            while received < total:
+                groups = consumer.pull(list(AGENTS), max_groups=pull_groups, wait_ms=1000)
+                received += sum(len(g.samples) for g in groups)
+            elapsed = time.perf_counter() - start
+    finally:
+        producer.join(60)
+        stop.set()
+        server.join(60)
+    return total / elapsed
+
+
+# ---- raw pyzmq path -------------------------------------------------------------------------------
+
+
+def run_raw_producer(endpoint: str, n_episodes: int, pre_encode: bool, ready: mp.Event, go: mp.Event) -> None:
+    from drmas.buffer.messages import EpisodeMsg, encode_message
+
+    messages = [
+        EpisodeMsg(producer="bench", seq=i, group_id=g, group_size=GROUP_SIZE, episode_id=e, samples=s)
+        for i, (g, e, s) in enumerate(make_episodes(n_episodes))
+    ]
+    payloads = [encode_message(m) for m in messages] if pre_encode else None
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.connect(endpoint)
+    ready.set()
+    go.wait()
+    if payloads is not None:
+        for payload in payloads:
+            sock.send(payload)
+    else:
+        for message in messages:
+            sock.send(encode_message(message))
+    sock.close(linger=-1)
+
+
+def bench_raw(n_episodes: int, decode: bool, hold_samples: int) -> float:
+    """PULL side; decoded episodes are held until `hold_samples` accumulate, as a buffer pull holds them."""
+    from drmas.buffer.messages import decode_message
+
+    sock = zmq.Context.instance().socket(zmq.PULL)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    ready, go = mp.Event(), mp.Event()
+    producer = mp.Process(target=run_raw_producer, args=(f"tcp://127.0.0.1:{port}", n_episodes, not decode, ready, go))
+    producer.start()
+    _start_when_ready(ready, go)
+    start, received, total = time.perf_counter(), 0, n_episodes * len(AGENTS)
+    held: list = []
+    while received < total:
+        if not sock.poll(60_000):
+            raise TimeoutError("raw producer stalled")
+        data = sock.recv()
+        if decode:
+            held.append(decode_message(data))
+        received += len(AGENTS)
+        if len(held) * len(AGENTS) >= hold_samples:
+            held = []
+    elapsed = time.perf_counter() - start
+    producer.join(60)
+    sock.close(linger=0)
+    return total / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=3000, help="episodes per run (2 samples each)")
+    parser.add_argument("--window", type=int, default=32, help="producer window (unacknowledged episodes)")
+    parser.add_argument("--capacity", type=int, default=4096, help="buffer capacity in samples")
+    parser.add_argument("--pull-groups", type=int, default=32,
+                        help="max agent groups per pull, like a learner collecting a step; the raw consumer holds "
+                             "as many decoded samples at once (holding many costs Python more per sample)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per path; the best is kept")
+    parser.add_argument("--no-validate", action="store_true", help="buffer checks only sample routing headers")
+    args = parser.parse_args()
+    mp.set_start_method("spawn")
+    runs: dict[str, list[float]] = {"buffer": [], "raw_work": [], "raw_wire": []}
+    for _ in range(args.repeats):  # interleaved, so a burst of load elsewhere hits every path alike
+        rate = bench_buffer(args.episodes, args.window, args.capacity, not args.no_validate, args.pull_groups)
+        runs["buffer"].append(rate)
+        hold = args.pull_groups * GROUP_SIZE
+        runs["raw_work"].append(bench_raw(args.episodes, decode=True, hold_samples=hold))
+        runs["raw_wire"].append(bench_raw(args.episodes, decode=False, hold_samples=hold))
+    best = {name: max(rates) for name, rates in runs.items()}
+    print("samples/s per run:", {name: [round(r) for r in rates] for name, rates in runs.items()})
+    print(f"buffer (producer -> buffer -> consumer): {best['buffer']:10.0f} samples/s (best of {args.repeats})")
+    print(f"raw PUSH/PULL, encode + decode:          {best['raw_work']:10.0f} samples/s   "
+          f"ratio buffer/raw = {best['buffer'] / best['raw_work']:.2f}x")
+    print(f"raw PUSH/PULL, pre-encoded, no decode:   {best['raw_wire']:10.0f} samples/s   "
+          f"ratio buffer/raw = {best['buffer'] / best['raw_wire']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

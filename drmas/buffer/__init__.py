@@ -1,0 +1,28 @@
+"""The trajectory buffer: per-agent queues of complete GRPO groups between rollouts and learners.
+
+`TrajectoryBuffer` is the server; `BufferProducer` and `BufferConsumer` are its clients; the wire format
+is in `drmas.buffer.messages`. Nothing here imports torch or knows about models: samples stay msgpack.
+"""
+
+from drmas.buffer.client import BufferConsumer, BufferProducer, BufferRejected, Rejection
+from drmas.buffer.config import BufferConfig, CurveClientKeys, CurveKeys, generate_keypair, is_local_endpoint
+from drmas.buffer.messages import AgentGroup, Stats
+from drmas.buffer.server import InsecureEndpointError, TrajectoryBuffer
+from drmas.buffer.store import QueuedGroup
+
+__all__ = [
+    "AgentGroup",
+    "BufferConfig",
+    "BufferConsumer",
+    "BufferProducer",
+    "BufferRejected",
+    "CurveClientKeys",
+    "CurveKeys",
+    "InsecureEndpointError",
+    "QueuedGroup",
+    "Rejection",
+    "Stats",
+    "TrajectoryBuffer",
+    "generate_keypair",
+    "is_local_endpoint",
+]

@@ -1,0 +1,307 @@
+"""Clients of the trajectory buffer: `BufferProducer` (rollout side) and `BufferConsumer` (learner side).
+
+Both are DEALER sockets that never block without a deadline: every wait ends in a `TimeoutError` that
+names the endpoint, so a dead or unreachable buffer (or a CURVE key it does not accept, which looks the
+same from the outside) surfaces as an error instead of a hang.
+
+Neither is thread-safe (ZeroMQ sockets are not); use one per thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import zmq
+
+from drmas.buffer.config import BufferConfig, CurveClientKeys
+from drmas.buffer.messages import (
+    Ack,
+    AdmitReply,
+    AdmitRequest,
+    AgentGroup,
+    ClientReply,
+    DropReport,
+    EpisodeMsg,
+    GroupBatchView,
+    MessageError,
+    Pull,
+    Stats,
+    StatsRequest,
+    VersionUpdate,
+    decode_client_reply,
+    encode_message,
+    open_group,
+)
+from drmas.protocol import Sample
+
+log = logging.getLogger(__name__)
+
+
+class BufferRejected(RuntimeError):
+    """The buffer refused a request; `reason` is its counting code (see `Stats.rejected`)."""
+
+    def __init__(self, endpoint: str, ack: Ack) -> None:
+        super().__init__(f"trajectory buffer at {endpoint} refused request {ack.seq}: {ack.reason} {ack.detail}")
+        self.reason = ack.reason
+        self.detail = ack.detail
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """An episode the buffer refused (it is not in the buffer and was not counted as received)."""
+
+    seq: int
+    episode_id: str
+    reason: str
+    detail: str
+
+
+class _Client:
+    """One DEALER connection with request/reply matching by ``seq`` and deadlines on every wait."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        timeout_s: float,
+        curve: Optional[CurveClientKeys],
+        context: Optional[zmq.Context],
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._seq = itertools.count()
+        self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))
+        if curve is not None:
+            self._socket.curve_secretkey = curve.secret
+            self._socket.curve_publickey = curve.public
+            self._socket.curve_serverkey = curve.server_public
+        self._socket.connect(endpoint)
+
+    def _send(self, message: object) -> None:
+        try:
+            self._socket.send(encode_message(message))
+        except zmq.Again:
+            raise TimeoutError(
+                f"could not send to trajectory buffer at {self.endpoint} within {self.timeout_s}s (send queue full)"
+            ) from None
+
+    def _receive(self, deadline: float) -> Optional[ClientReply]:
+        """The next decodable message, or None once `deadline` (time.monotonic) has passed."""
+        while True:
+            remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            if not self._socket.poll(remaining_ms, zmq.POLLIN):
+                return None
+            data = self._socket.recv()
+            try:
+                return decode_client_reply(data)
+            except MessageError as exc:  # a newer buffer, or corruption: skip, but say so
+                log.warning("ignoring an undecodable reply from %s: %s", self.endpoint, exc)
+
+    def _request(self, message: object, seq: int, extra_wait_s: float = 0.0) -> ClientReply:
+        """Send `message` and return the reply carrying `seq`; other messages go to `_on_unmatched`."""
+        self._send(message)
+        deadline = time.monotonic() + self.timeout_s + extra_wait_s
+        while True:
+            reply = self._receive(deadline)
+            if reply is None:
+                raise TimeoutError(
+                    f"no reply from trajectory buffer at {self.endpoint} within "
+                    f"{self.timeout_s + extra_wait_s:.1f}s to {type(message).__name__} {seq}"
+                )
+            if getattr(reply, "seq", None) != seq:
+                self._on_unmatched(reply)
+                continue
+            if isinstance(reply, Ack) and not reply.accepted:
+                raise BufferRejected(self.endpoint, reply)
+            return reply
+
+    def _on_unmatched(self, reply: ClientReply) -> None:
+        log.debug("ignoring an unmatched reply from %s: %s", self.endpoint, type(reply).__name__)
+
+    def stats(self) -> Stats:
+        """The buffer's counters (depth per agent, drops and rejections by reason, ...)."""
+        seq = next(self._seq)
+        reply = self._request(StatsRequest(seq=seq), seq)
+        assert isinstance(reply, Stats), reply
+        return reply
+
+    def close(self) -> None:
+        """Close the socket at once (unsent messages are dropped; producers should `flush` first)."""
+        self._socket.close(linger=0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BufferProducer(_Client):
+    """Streams finished episodes to the buffer with at most `window` unacknowledged at a time.
+
+    The window is the flow control: when the buffer is full it withholds acks, so `send_episode` waits
+    for credit instead of the buffer dropping data. Refused episodes (malformed, late, ...) do not raise
+    where they are noticed, since that may be inside a later call; they are logged and collected in
+    `rejections` for the caller to inspect (`pop_rejections`).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        producer_id: str,
+        *,
+        window: int = 8,
+        timeout_s: float = 30.0,
+        curve: Optional[CurveClientKeys] = None,
+        context: Optional[zmq.Context] = None,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        super().__init__(endpoint, timeout_s, curve, context)
+        self.producer_id = producer_id
+        self.window = window
+        self.rejections: list[Rejection] = []
+        self._unacked: dict[int, str] = {}  # seq -> episode_id
+
+    @classmethod
+    def from_config(cls, config: BufferConfig, producer_id: str, **overrides) -> "BufferProducer":
+        options = dict(window=config.window, timeout_s=config.request_timeout_s, curve=config.client_curve())
+        return cls(config.producer_endpoint, producer_id, **{**options, **overrides})
+
+    @property
+    def unacked(self) -> int:
+        return len(self._unacked)
+
+    def send_episode(self, group_id: str, group_size: int, episode_id: str, samples: Sequence[Sample]) -> int:
+        """Queue one finished episode; returns its seq. Waits (up to `timeout_s`) only for window credit.
+
+        A TimeoutError here means the episode was *not* sent (the buffer stayed full or unreachable);
+        calling again later retries it.
+        """
+        self._wait_for(lambda: len(self._unacked) < self.window, "window credit")
+        seq = next(self._seq)
+        message = EpisodeMsg(
+            producer=self.producer_id, seq=seq, group_id=group_id, group_size=group_size,
+            episode_id=episode_id, samples=list(samples),
+        )
+        self._send(message)
+        self._unacked[seq] = episode_id
+        return seq
+
+    def flush(self, timeout_s: Optional[float] = None) -> None:
+        """Wait until every sent episode is acknowledged (accepted or refused)."""
+        self._wait_for(lambda: not self._unacked, "acknowledgement of every episode", timeout_s)
+
+    def request_admission(self, n_groups: int) -> int:
+        """Ask to start `n_groups` new groups; returns how many the staleness bound allows now."""
+        seq = next(self._seq)
+        reply = self._request(AdmitRequest(seq=seq, producer=self.producer_id, n_groups=n_groups), seq)
+        assert isinstance(reply, AdmitReply), reply
+        return reply.granted
+
+    def pop_rejections(self) -> list[Rejection]:
+        rejections, self.rejections = self.rejections, []
+        return rejections
+
+    def _wait_for(self, condition, what: str, timeout_s: Optional[float] = None) -> None:
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        while not condition():
+            reply = self._receive(deadline)
+            if reply is None:
+                raise TimeoutError(
+                    f"trajectory buffer at {self.endpoint}: no {what} within {timeout:.1f}s "
+                    f"({len(self._unacked)} episodes unacknowledged)"
+                )
+            self._on_unmatched(reply)
+
+    def _on_unmatched(self, reply: ClientReply) -> None:
+        if not isinstance(reply, Ack):
+            return super()._on_unmatched(reply)
+        episode_id = self._unacked.pop(reply.seq, "?")
+        if not reply.accepted:
+            log.warning("trajectory buffer at %s refused episode %s: %s %s", self.endpoint, episode_id,
+                        reply.reason, reply.detail)
+            self.rejections.append(Rejection(reply.seq, episode_id, reply.reason, reply.detail))
+
+
+class BufferConsumer(_Client):
+    """A learner's handle: pull complete agent groups, report its version and its own drops."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout_s: float = 30.0,
+        curve: Optional[CurveClientKeys] = None,
+        context: Optional[zmq.Context] = None,
+    ) -> None:
+        super().__init__(endpoint, timeout_s, curve, context)
+        self._backlog: list[AgentGroup] = []  # late answers to pulls that timed out here
+        self._invalid: list[tuple[str, str, int]] = []  # (agent, group_id, n_samples) not yet reported
+
+    @classmethod
+    def from_config(cls, config: BufferConfig, **overrides) -> "BufferConsumer":
+        options = dict(timeout_s=config.request_timeout_s, curve=config.client_curve())
+        return cls(config.consumer_endpoint, **{**options, **overrides})
+
+    def pull(self, agents: Sequence[str], max_groups: int = 1, wait_ms: int = 0) -> list[AgentGroup]:
+        """Up to `max_groups` complete agent groups of `agents`, oldest first and fair across agents.
+
+        Waits up to `wait_ms` for the first one, then returns possibly fewer (or none).
+        """
+        wanted = set(agents)
+        ready: list[AgentGroup] = []
+        rest: list[AgentGroup] = []
+        for group in self._backlog:
+            (ready if group.agent in wanted and len(ready) < max_groups else rest).append(group)
+        if ready:
+            self._backlog = rest
+            return ready
+        seq = next(self._seq)
+        pull = Pull(seq=seq, agents=list(agents), max_groups=max_groups, wait_ms=wait_ms)
+        reply = self._request(pull, seq, extra_wait_s=wait_ms / 1000)
+        assert isinstance(reply, GroupBatchView), reply
+        groups = self._open(reply)
+        self._report_invalid()
+        return groups
+
+    def report_version(self, model: str, version: int) -> None:
+        """Publish this learner's policy version (admission and the stale-drop rule follow it)."""
+        seq = next(self._seq)
+        self._request(VersionUpdate(seq=seq, model=model, version=version), seq)
+
+    def report_drops(self, agent: str, group_ids: Sequence[str], n_samples: int, reason: str) -> None:
+        """Tell the buffer this learner dropped delivered groups, so they are counted and replaced."""
+        seq = next(self._seq)
+        self._request(DropReport(seq=seq, agent=agent, group_ids=list(group_ids), n_samples=n_samples,
+                                 reason=reason), seq)
+
+    def _open(self, batch: GroupBatchView) -> list[AgentGroup]:
+        """Decode each delivered group on its own; a group with a bad sample is set aside for reporting."""
+        groups = []
+        for view in batch.groups:
+            try:
+                groups.append(open_group(view))
+            except MessageError as exc:
+                log.warning("dropping group %s/%s from %s: %s", view.group_id, view.agent, self.endpoint, exc)
+                self._invalid.append((view.agent, view.group_id, len(view.samples)))
+        return groups
+
+    def _report_invalid(self) -> None:
+        while self._invalid:
+            agent, group_id, n_samples = self._invalid.pop()
+            self.report_drops(agent, [group_id], n_samples, "invalid_sample")
+
+    def _on_unmatched(self, reply: ClientReply) -> None:
+        if isinstance(reply, GroupBatchView):  # delivered to us after our pull timed out: keep, never lose
+            self._backlog.extend(self._open(reply))
+        else:
+            super()._on_unmatched(reply)

@@ -1,0 +1,85 @@
+"""`drmas-buffer --config FILE [overrides]`: the trajectory buffer as a process of its own.
+
+Why its own process rather than a thread inside a learner: with one learner per model, no learner is the
+natural host, and a learner restart (crash, resume) would take every queued group and every producer's
+connection down with it. On its own, the buffer outlives learner restarts, and its accounting (received,
+delivered, dropped by reason, held) covers the whole run in one place.
+
+It also owns the `buffer/*` metrics: every `pipeline.report_interval_s` one record of its counters goes to
+`<output_dir>/buffer/` (metrics.jsonl and TensorBoard), and a last one on the way out.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from drmas.process import StopFlag, config_parser, load_or_exit, setup_logging
+
+log = logging.getLogger("drmas.buffer")
+
+
+def buffer_scalars(stats, agents: list[str]) -> dict[str, float]:
+    """The buffer's counters under their TensorBoard names. Sample counts satisfy
+    ``buffer/received_samples == buffer/delivered_samples + sum(buffer/dropped/*) + buffer/held_samples``."""
+    out = {f"buffer/{agent}/depth": float(stats.depth.get(agent, 0)) for agent in agents}
+    out.update({f"buffer/dropped/{reason}": float(n) for reason, n in stats.dropped.items()})
+    out.update({f"buffer/rejected/{reason}": float(n) for reason, n in stats.rejected.items()})
+    out.update({f"buffer/learner_dropped/{reason}": float(n) for reason, n in stats.reported_drops.items()})
+    out.update({f"buffer/version/{model}": float(v) for model, v in stats.model_versions.items()})
+    out.update({
+        "buffer/received_samples": float(stats.received_samples),
+        "buffer/delivered_samples": float(stats.delivered_samples),
+        "buffer/held_samples": float(stats.samples_in_buffer),
+        "buffer/incomplete_groups": float(stats.incomplete_groups),
+        "buffer/running_groups": float(stats.running_groups),
+        "buffer/parked_acks": float(stats.parked_acks),
+    })
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = config_parser("drmas-buffer", "Serve the trajectory buffer between rollouts and learners.")
+    args = parser.parse_args(argv)
+    cfg = load_or_exit("drmas-buffer", args.config, args.overrides)
+    setup_logging("buffer")
+    stop = StopFlag()
+    from drmas import assembly
+    from drmas.buffer.server import TrajectoryBuffer
+    from drmas.endpoints import EndpointError, require_fixed
+    from drmas.metrics import MetricsWriter
+
+    agent_models = assembly.trained_agent_models(cfg)
+    try:
+        require_fixed(cfg, buffer=True)
+        buffer = TrajectoryBuffer(
+            cfg.pipeline.buffer, agent_models=agent_models,
+            groups_per_step={m: cfg.rollout.prompts_per_step for m in set(agent_models.values())},
+            max_staleness=cfg.pipeline.max_staleness,
+        )
+    except (EndpointError, ValueError) as exc:
+        print(f"drmas-buffer: {exc}", file=sys.stderr)
+        return 2
+    writer = MetricsWriter(Path(cfg.trainer.output_dir) / "buffer", tensorboard=cfg.logging.tensorboard)
+    buffer.start()
+    log.info("serving producers at %s, learners at %s (max_staleness=%d)", buffer.producer_endpoint,
+             buffer.consumer_endpoint, cfg.pipeline.max_staleness)
+    agents = sorted(agent_models)
+    records = 0
+    try:
+        while not stop.wait(cfg.pipeline.report_interval_s):
+            records += 1
+            writer.log(records, buffer_scalars(buffer.stats(), agents))
+    finally:
+        buffer.stop()
+        stats = buffer.stats()
+        writer.log(records + 1, buffer_scalars(stats, agents))
+        writer.close()
+    log.info("stopped by %s: received %d samples, delivered %d, dropped %s, held %d", stop.signal_name or "request",
+             stats.received_samples, stats.delivered_samples, stats.dropped, stats.samples_in_buffer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,446 @@
+"""The trajectory buffer's wire messages: msgspec Structs in one tagged union, plus validating codecs.
+
+Every message is a msgpack map whose ``type`` field names its class (msgspec ``tag=True``) and whose
+``schema_version`` is `MESSAGE_SCHEMA_VERSION`; a receiver rejects any other version instead of
+guessing. Samples inside keep their own `drmas.protocol.SCHEMA_VERSION`.
+
+Requests carry a ``seq`` chosen by the sender and every reply echoes it, so a client can match a late
+reply to the request it answers (a pull that timed out on the client side is not silently lost).
+
+Samples are the bulk of every byte and decoding them into Python lists is the dominant cost, so each
+side decodes them at most once:
+
+* `decode_buffer_request` (the buffer): samples stay msgpack (`msgspec.Raw`) after validation, and
+  the buffer forwards the producer's bytes to learners without re-encoding them (`GroupBatchView`).
+* `decode_client_reply` + `open_group` (the clients): a batch is opened group by group, so one bad
+  sample costs its own group rather than the whole batch.
+* `decode_message` decodes any message fully in one go (tools and tests).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import msgspec
+
+from drmas.protocol import SCHEMA_VERSION as SAMPLE_SCHEMA_VERSION
+from drmas.protocol import Sample, decode_sample
+
+MESSAGE_SCHEMA_VERSION = 1
+
+# Reasons a message is refused (keys of `Stats.rejected`, `Ack.reason`).
+REJECT_OVERSIZED = "oversized"
+REJECT_MALFORMED = "malformed"
+REJECT_SCHEMA_VERSION = "schema_version"
+REJECT_UNEXPECTED = "unexpected_message"
+REJECT_INVALID = "invalid"
+
+
+class MessageError(ValueError):
+    """A message that must be refused; `reason` is a stable code for counting, `detail` is for humans."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class _Message(msgspec.Struct, kw_only=True, tag=True, tag_field="type"):
+    """Base of every wire message: the ``type`` tag and the schema version travel in each one."""
+
+    schema_version: int = MESSAGE_SCHEMA_VERSION
+
+
+# ---- producer -> buffer -------------------------------------------------------------------------
+
+
+class EpisodeMsg(_Message):
+    """One finished episode: every agent call it made. The buffer assembles GRPO groups from these."""
+
+    producer: str  # stable name of the rollout process (admission leases are keyed by it)
+    seq: int  # producer-chosen sequence number, echoed by the `Ack`
+    group_id: str
+    group_size: int  # episodes the group will have; the group is complete when all arrived
+    episode_id: str
+    samples: list[Sample]
+
+
+class AdmitRequest(_Message):
+    """Ask to start `n_groups` new groups; the grant respects every model's staleness bound."""
+
+    seq: int
+    producer: str
+    n_groups: int
+
+
+# ---- learner -> buffer --------------------------------------------------------------------------
+
+
+class Pull(_Message):
+    """Ask for up to `max_groups` complete agent groups of `agents`, waiting up to `wait_ms` for one."""
+
+    seq: int
+    agents: list[str]
+    max_groups: int = 1
+    wait_ms: int = 0
+
+
+class VersionUpdate(_Message):
+    """A learner published `version` of `model`; admission and the stale-drop rule follow it."""
+
+    seq: int
+    model: str
+    version: int
+
+
+class DropReport(_Message):
+    """A learner dropped delivered groups (e.g. too stale by the time it trained): count and refill."""
+
+    seq: int
+    agent: str
+    group_ids: list[str]
+    n_samples: int
+    reason: str
+
+
+class StatsRequest(_Message):
+    """Ask for a `Stats` snapshot (allowed from producers and learners)."""
+
+    seq: int
+
+
+# ---- buffer -> clients --------------------------------------------------------------------------
+
+
+class Ack(_Message):
+    """Answer to an `EpisodeMsg` (or any request without a richer reply); ``seq=-1`` if undecodable."""
+
+    seq: int
+    accepted: bool
+    reason: str = ""
+    detail: str = ""
+
+
+class AdmitReply(_Message):
+    """How many groups the producer may start now, and the model versions the grant was based on."""
+
+    seq: int
+    granted: int
+    versions: dict[str, int] = {}
+
+
+class AgentGroup(msgspec.Struct, kw_only=True):
+    """One agent's samples within one complete GRPO group (never split across deliveries).
+
+    `episode_scores` maps every episode of the group to its trajectory score (mean reward of all its
+    samples, all agents), so a learner can compute `global` GRPO advantages as well as per-agent ones.
+    """
+
+    group_id: str
+    agent: str
+    model: str
+    samples: list[Sample]
+    episode_scores: dict[str, float]
+
+
+class GroupBatch(_Message):
+    """Answer to a `Pull`: zero or more agent groups, oldest first."""
+
+    seq: int
+    groups: list[AgentGroup]
+
+
+class Stats(_Message):
+    """A snapshot of the buffer's counters. Sample counts satisfy the conservation law
+    ``received_samples == delivered_samples + sum(dropped.values()) + samples_in_buffer``."""
+
+    seq: int
+    capacity_samples: int = 0
+    samples_in_buffer: int = 0  # complete (queued) and incomplete groups together
+    depth: dict[str, int] = {}  # agent -> complete agent groups queued
+    incomplete_groups: int = 0
+    parked_acks: int = 0
+    parked_pulls: int = 0
+    received_episodes: int = 0
+    received_samples: int = 0
+    delivered_groups: int = 0
+    delivered_samples: int = 0
+    dropped: dict[str, int] = {}  # reason -> samples discarded after being accepted
+    dropped_groups: dict[str, int] = {}  # reason -> groups (agent groups, or whole incomplete groups)
+    rejected: dict[str, int] = {}  # reason -> messages refused
+    reported_drops: dict[str, int] = {}  # reason -> samples learners dropped after delivery
+    model_versions: dict[str, int] = {}
+    accepted_groups: dict[str, int] = {}  # model -> groups counted against its staleness budget
+    running_groups: int = 0  # admitted (leased) groups not complete yet
+    granted_groups: int = 0
+    expired_lease_groups: int = 0
+
+
+Message = Union[
+    EpisodeMsg, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Ack, AdmitReply, GroupBatch, Stats
+]
+
+# ---- buffer-side zero-copy views (same tags, samples left as validated raw msgpack) ----------------
+
+
+class EpisodeView(_Message, tag="EpisodeMsg"):
+    """`EpisodeMsg` as the buffer reads it: samples stay raw until validated one by one."""
+
+    producer: str
+    seq: int
+    group_id: str
+    group_size: int
+    episode_id: str
+    samples: list[msgspec.Raw]
+
+
+class AgentGroupView(msgspec.Struct, kw_only=True):
+    """`AgentGroup` as the buffer writes it: the producer's sample bytes, forwarded unchanged."""
+
+    group_id: str
+    agent: str
+    model: str
+    samples: list[msgspec.Raw]
+    episode_scores: dict[str, float]
+
+
+class GroupBatchView(_Message, tag="GroupBatch"):
+    """`GroupBatch` as the buffer writes it (decodes as a normal `GroupBatch` on the learner)."""
+
+    seq: int
+    groups: list[AgentGroupView]
+
+
+class SampleHeader(msgspec.Struct, kw_only=True):
+    """The routing fields of a `Sample`; decoding only these skips the token lists (fast path)."""
+
+    schema_version: int
+    episode_id: str
+    group_id: str
+    agent: str
+    model: str
+    policy_version: int
+    reward: float = 0.0
+
+
+BufferRequest = Union[EpisodeView, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest]
+ClientReply = Union[Ack, AdmitReply, GroupBatchView, Stats]
+
+
+class _Envelope(msgspec.Struct):
+    """The fields every message has; read only to explain why a full decode failed."""
+
+    type: str = ""
+    schema_version: int = -1
+    seq: int = -1
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_ENVELOPE_DECODER = msgspec.msgpack.Decoder(_Envelope)
+_HEADER_DECODER = msgspec.msgpack.Decoder(SampleHeader)
+
+
+def _tags(union: object) -> frozenset[str]:
+    return frozenset(cls.__struct_config__.tag for cls in union.__args__)
+
+
+_KNOWN_TAGS = _tags(Message)
+
+
+class _UnionDecoder:
+    """Decodes one union of messages: size check first (cheap), then structure, version, semantics."""
+
+    def __init__(self, union: object) -> None:
+        self._decoder = msgspec.msgpack.Decoder(union)
+        self._accepted = _tags(union)
+
+    def decode(self, data: bytes, max_bytes: Optional[int]):
+        if max_bytes is not None and len(data) > max_bytes:
+            raise MessageError(REJECT_OVERSIZED, f"{len(data)} bytes > limit {max_bytes}")
+        try:
+            message = self._decoder.decode(data)
+        except (msgspec.DecodeError, ValueError) as exc:
+            raise self._explain(data, exc) from None
+        if message.schema_version != MESSAGE_SCHEMA_VERSION:
+            raise MessageError(
+                REJECT_SCHEMA_VERSION, f"message schema {message.schema_version}, expected {MESSAGE_SCHEMA_VERSION}"
+            )
+        validator = _VALIDATORS.get(type(message))
+        if validator is not None:
+            validator(message)
+        return message
+
+    def _explain(self, data: bytes, exc: Exception) -> MessageError:
+        """Tell a foreign schema version or a misdirected message apart from plain garbage."""
+        try:
+            envelope = _ENVELOPE_DECODER.decode(data)
+        except (msgspec.DecodeError, ValueError):
+            return MessageError(REJECT_MALFORMED, str(exc))
+        if envelope.schema_version not in (-1, MESSAGE_SCHEMA_VERSION):
+            return MessageError(
+                REJECT_SCHEMA_VERSION, f"message schema {envelope.schema_version}, expected {MESSAGE_SCHEMA_VERSION}"
+            )
+        if envelope.type in _KNOWN_TAGS and envelope.type not in self._accepted:
+            return MessageError(REJECT_UNEXPECTED, f"{envelope.type} is not accepted here")
+        return MessageError(REJECT_MALFORMED, str(exc))
+
+
+_MESSAGE_DECODER = _UnionDecoder(Message)
+_REQUEST_DECODER = _UnionDecoder(BufferRequest)
+_REPLY_DECODER = _UnionDecoder(ClientReply)
+
+
+def encode_message(message: _Message) -> bytes:
+    """Encode any message (including the buffer's `GroupBatchView`) to msgpack bytes."""
+    return _ENCODER.encode(message)
+
+
+def decode_message(data: bytes, max_bytes: Optional[int] = None) -> Message:
+    """Decode and validate one message; raises `MessageError` with a reason code on any defect."""
+    return _MESSAGE_DECODER.decode(data, max_bytes)
+
+
+def decode_buffer_request(data: bytes, max_bytes: Optional[int] = None) -> BufferRequest:
+    """Decode a request arriving at the buffer; episode samples stay raw (see `validated_samples`)."""
+    return _REQUEST_DECODER.decode(data, max_bytes)
+
+
+def recover_seq(data: bytes) -> int:
+    """The ``seq`` of a message that could not be decoded (-1 if unreadable), so its refusal can still
+    be matched by the sender: a producer would otherwise wait forever on an episode it counts as unacked."""
+    try:
+        return _ENVELOPE_DECODER.decode(data).seq
+    except (msgspec.DecodeError, ValueError):
+        return -1
+
+
+def decode_client_reply(data: bytes) -> ClientReply:
+    """Decode a reply from the buffer; a group batch stays a `GroupBatchView` for `open_group`.
+
+    Opening groups one by one means a single undecodable sample costs its own group (which the
+    learner reports as dropped), not every group of the batch.
+    """
+    return _REPLY_DECODER.decode(data, None)
+
+
+def open_group(view: AgentGroupView) -> AgentGroup:
+    """Decode and validate every sample of one delivered group; `MessageError` if any is bad."""
+    samples = []
+    for index, raw in enumerate(view.samples):
+        try:
+            samples.append(decode_sample(raw))
+        except (msgspec.DecodeError, ValueError) as exc:
+            raise MessageError(REJECT_INVALID, f"group {view.group_id} sample {index}: {exc}") from None
+    return AgentGroup(
+        group_id=view.group_id, agent=view.agent, model=view.model, samples=samples,
+        episode_scores=view.episode_scores,
+    )
+
+
+def validated_samples(
+    episode: EpisodeView, full: bool = True
+) -> list[tuple[Union[Sample, SampleHeader], msgspec.Raw]]:
+    """Check an episode's raw samples and pair each with its decoded fields.
+
+    `full` decodes every sample completely (types, token/log-prob lengths), so a malformed sample is
+    refused at its producer instead of breaking a learner's whole batch later; without it only the
+    routing header is checked, which is several times cheaper for trusted producers.
+    """
+    decode = decode_sample if full else _decode_header
+    pairs = []
+    for index, raw in enumerate(episode.samples):
+        try:
+            sample = decode(raw)
+        except (msgspec.DecodeError, ValueError) as exc:
+            raise MessageError(REJECT_INVALID, f"sample {index}: {exc}") from None
+        _check_sample_ids(sample, episode.group_id, episode.episode_id, index)
+        pairs.append((sample, raw))
+    return pairs
+
+
+def _decode_header(raw: msgspec.Raw) -> SampleHeader:
+    header = _HEADER_DECODER.decode(raw)
+    _check_sample_version(header.schema_version)
+    return header
+
+
+def _check_sample_version(version: int) -> None:
+    if version != SAMPLE_SCHEMA_VERSION:
+        raise ValueError(f"sample schema version {version} is not supported (expected {SAMPLE_SCHEMA_VERSION})")
+
+
+def _check_sample(sample: Sample, where: str) -> None:
+    """The same checks as `drmas.protocol.decode_sample`, for samples decoded inside a message."""
+    try:
+        _check_sample_version(sample.schema_version)
+    except ValueError as exc:
+        raise MessageError(REJECT_INVALID, f"{where}: {exc}") from None
+    if len(sample.response_ids) != len(sample.behaviour_logprobs):
+        raise MessageError(
+            REJECT_INVALID,
+            f"{where}: {len(sample.response_ids)} response tokens but {len(sample.behaviour_logprobs)} log-probs",
+        )
+
+
+def _check_sample_ids(sample: Union[Sample, SampleHeader], group_id: str, episode_id: str, index: int) -> None:
+    """An episode must only carry its own samples, or groups would be assembled from foreign data."""
+    if sample.group_id != group_id or sample.episode_id != episode_id:
+        raise MessageError(
+            REJECT_INVALID,
+            f"sample {index} belongs to {sample.group_id}/{sample.episode_id}, not {group_id}/{episode_id}",
+        )
+
+
+def _check_episode_fields(message: Union[EpisodeMsg, EpisodeView]) -> None:
+    if not message.producer:
+        raise MessageError(REJECT_INVALID, "episode without a producer name")
+    if message.group_size < 1:
+        raise MessageError(REJECT_INVALID, f"group_size must be >= 1, got {message.group_size}")
+    if not message.samples:
+        raise MessageError(REJECT_INVALID, f"episode {message.episode_id} has no samples")
+
+
+def _validate_episode(message: EpisodeMsg) -> None:
+    _check_episode_fields(message)
+    for index, sample in enumerate(message.samples):
+        _check_sample(sample, f"sample {index}")
+        _check_sample_ids(sample, message.group_id, message.episode_id, index)
+
+
+def _validate_pull(message: Pull) -> None:
+    if not message.agents:
+        raise MessageError(REJECT_INVALID, "pull names no agents")
+    if message.max_groups < 1 or message.wait_ms < 0:
+        raise MessageError(REJECT_INVALID, f"pull needs max_groups >= 1 and wait_ms >= 0, got {message}")
+
+
+def _validate_admit(message: AdmitRequest) -> None:
+    if not message.producer or message.n_groups < 0:
+        raise MessageError(REJECT_INVALID, f"admission needs a producer and n_groups >= 0, got {message}")
+
+
+def _validate_version(message: VersionUpdate) -> None:
+    if message.version < 0:
+        raise MessageError(REJECT_INVALID, f"version must be >= 0, got {message.version}")
+
+
+def _validate_drop_report(message: DropReport) -> None:
+    if message.n_samples < 0 or not message.reason:
+        raise MessageError(REJECT_INVALID, "drop report needs n_samples >= 0 and a reason")
+
+
+def _validate_batch(message: GroupBatch) -> None:
+    for group in message.groups:
+        for index, sample in enumerate(group.samples):
+            _check_sample(sample, f"group {group.group_id} sample {index}")
+
+
+_VALIDATORS: dict[type, Callable] = {
+    EpisodeMsg: _validate_episode,
+    EpisodeView: _check_episode_fields,
+    Pull: _validate_pull,
+    AdmitRequest: _validate_admit,
+    VersionUpdate: _validate_version,
+    DropReport: _validate_drop_report,
+    GroupBatch: _validate_batch,
+}

@@ -1,0 +1,24 @@
+"""The weight channel: a learner pushes versioned weights to the rollout processes serving its model.
+
+`WeightSender` (learner) and `WeightReceiver` (rollout) talk over ZeroMQ for control and over one
+two-rank torch.distributed group per rollout (gloo on CPU, NCCL on GPU) for the tensor bytes, sent in
+chunks. Rollouts may join late, leave, die and restart at any time; see ``sender.py`` for the protocol.
+"""
+
+from drmas.weights.chunks import Layout, pack, plan_layout, unpack
+from drmas.weights.config import WeightSyncConfig
+from drmas.weights.receiver import ApplyFn, WeightReceiver
+from drmas.weights.sender import CurrentWeights, PushReport, WeightSender
+
+__all__ = [
+    "ApplyFn",
+    "CurrentWeights",
+    "Layout",
+    "PushReport",
+    "WeightReceiver",
+    "WeightSender",
+    "WeightSyncConfig",
+    "pack",
+    "plan_layout",
+    "unpack",
+]

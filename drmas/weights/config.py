@@ -1,0 +1,78 @@
+"""Settings of the learner -> rollout weight channel.
+
+Kept apart from the main schema so the weight channel can be used (and tested) on its own; the main schema
+embeds `WeightSyncConfig` as one section. Every field carries its help text in ``metadata["help"]``, the
+same convention as ``drmas/config/schema.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def _f(default: object, help: str):
+    """A dataclass field carrying its help text."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class WeightSyncConfig:
+    """How a learner pushes new weights to the rollout processes serving its model."""
+
+    chunk_mb: float = _f(
+        32.0,
+        "Size of one broadcast unit in MiB. Small tensors are packed into flat buffers of this size and larger "
+        "ones are sent in slices of it. Tens of MiB keep gloo near its best rate (one 500 MB broadcast runs "
+        "~8x slower); memory in flight is about two units per side.",
+    )
+    timeout_s: float = _f(
+        30.0,
+        "Deadline of every collective on a learner-rollout pair (and of building the pair and of the "
+        "apply acknowledgement). A rollout that misses it is dropped from the push and must re-join.",
+    )
+    ready_timeout_s: float = _f(
+        120.0,
+        "How long a push waits for a rollout to reach a point where it can take the weights (the end of its "
+        "current generation step). A rollout that does not get there in time is dropped and re-joins.",
+    )
+    join_retry_s: float = _f(
+        1.0,
+        "First interval between a rollout's Join attempts while no learner answers; it doubles per attempt "
+        "up to 10x this value, so a restarted learner is found again quickly without flooding it.",
+    )
+    heartbeat_s: float = _f(
+        1.0, "Interval of the rollout's heartbeats to the learner (the learner answers each one)."
+    )
+    peer_timeout_s: float = _f(
+        10.0,
+        "Silence after which either side considers the other gone: the learner drops the rollout, the "
+        "rollout tears its pair down and re-joins. Must exceed heartbeat_s several times.",
+    )
+    backend: str = _f(
+        "auto",
+        "Collective backend of the pair groups: 'nccl' (GPU tensors), 'gloo' (CPU tensors) or 'auto' (nccl "
+        "when CUDA and NCCL are available, else gloo). The learner decides; rollouts follow it.",
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first impossible value."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "backend" and not value > 0:
+                raise ValueError(f"weights.{f.name} must be > 0, got {value!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"weights.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.peer_timeout_s < 2 * self.heartbeat_s:
+            raise ValueError(
+                f"weights.peer_timeout_s ({self.peer_timeout_s}) must be at least twice heartbeat_s "
+                f"({self.heartbeat_s}), or healthy rollouts would be dropped"
+            )
+
+    @property
+    def chunk_bytes(self) -> int:
+        return max(1, int(self.chunk_mb * (1 << 20)))

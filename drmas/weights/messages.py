@@ -1,0 +1,121 @@
+"""Control messages of the weight channel (ZeroMQ, msgpack via msgspec).
+
+The tensor bytes never travel here: they go through the pair's process group. These messages only set up
+pairs, announce what is about to be broadcast, and report back. Every message after the Welcome names its
+``pair_id`` so that a message meant for an earlier pair (a learner or rollout that restarted, a queued
+message delivered late) is recognised and ignored instead of desynchronising a pair.
+
+Sequence for one receiver::
+
+    rollout                              learner
+    Join(receiver_id, model, nonce)  ->
+                                     <-  Welcome(nonce, pair_id, store address, backend, timeouts)
+    (both build the pair group on the learner's TCPStore under the pair's prefix)
+    Heartbeat(pair_id)               ->  (every heartbeat_s)
+                                     <-  HeartbeatReply(pair_id)
+                                     <-  Manifest(pair_id, version, layout)   (join sync or push)
+    Ready(pair_id, version)          ->  (the rollout paused generation and posted its receives)
+    (unit broadcasts over the pair group)
+    Ack(pair_id, version, ok, error) ->
+                                     <-  Rejoin(pair_id, reason)   (learner dropped the pair or does not know it)
+    Leave(pair_id)                   ->  (rollout shuts down)
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from drmas.weights.chunks import Layout
+
+PROTOCOL_VERSION = 1
+
+
+class Join(msgspec.Struct, tag="join", frozen=True):
+    """A rollout asks to receive the weights of ``model`` ('' matches any learner)."""
+
+    receiver_id: str
+    model: str
+    nonce: int  # distinguishes this attempt's Welcome from answers to earlier attempts
+    protocol: int = PROTOCOL_VERSION
+
+
+class Welcome(msgspec.Struct, tag="welcome", frozen=True):
+    """The learner accepted a Join: build the pair group under ``pair_id`` on its store."""
+
+    nonce: int
+    pair_id: str
+    store_host: str  # '' = the host of the control endpoint
+    store_port: int
+    backend: str  # 'gloo' or 'nccl'
+    timeout_s: float
+    heartbeat_s: float
+    peer_timeout_s: float
+
+
+class Refuse(msgspec.Struct, tag="refuse", frozen=True):
+    """The learner will not serve this Join (wrong model or protocol)."""
+
+    nonce: int
+    reason: str
+
+
+class Manifest(msgspec.Struct, tag="manifest", frozen=True):
+    """The next broadcasts on the pair carry ``version`` laid out as ``layout``."""
+
+    pair_id: str
+    version: int
+    layout: Layout
+
+
+class Ready(msgspec.Struct, tag="ready", frozen=True):
+    """The rollout paused generation and is receiving ``version``: the learner may broadcast now."""
+
+    pair_id: str
+    version: int
+
+
+class Ack(msgspec.Struct, tag="ack", frozen=True):
+    """``version`` was received; ``ok`` tells whether the apply callback accepted it."""
+
+    pair_id: str
+    version: int
+    ok: bool
+    error: str = ""
+
+
+class Heartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
+    pair_id: str
+
+
+class HeartbeatReply(msgspec.Struct, tag="heartbeat_reply", frozen=True):
+    pair_id: str
+
+
+class Rejoin(msgspec.Struct, tag="rejoin", frozen=True):
+    """The learner has no (more) pair ``pair_id``: tear it down and Join again."""
+
+    pair_id: str
+    reason: str
+
+
+class Leave(msgspec.Struct, tag="leave", frozen=True):
+    """The rollout is shutting down; the learner forgets the pair without waiting for a timeout."""
+
+    pair_id: str
+
+
+Message = Union[Join, Welcome, Refuse, Manifest, Ready, Ack, Heartbeat, HeartbeatReply, Rejoin, Leave]
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Message)
+
+
+def encode(message: Message) -> bytes:
+    return _ENCODER.encode(message)
+
+
+def decode(data: bytes) -> Message:
+    """Decode and validate; raises `msgspec.DecodeError` (a ValueError) on malformed or foreign data."""
+    return _DECODER.decode(data)

@@ -1,0 +1,474 @@
+"""The weight channel: chunk layout round trips (in process), then real learner/rollout processes.
+
+Process tests run the learner (`WeightSender`) in the test process (or in a child where it must be killed)
+and every rollout (`WeightReceiver`) in its own spawned process on 127.0.0.1 with OS-chosen ports. Rollouts
+report a digest of every tensor they were given, so "identical to the sender's" is checked bit for bit.
+Children are SIGKILLed in ``finally`` whatever happens, and all timeouts are short.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import msgspec
+import pytest
+import torch
+
+from drmas.weights import PushReport, WeightReceiver, WeightSender, WeightSyncConfig, pack, plan_layout, unpack
+from drmas.weights import messages
+from drmas.weights.chunks import ALIGN, BufferPool, Unpacker
+from drmas.weights.transport import resolve_backend
+
+pytestmark = pytest.mark.timeout(90)
+
+# Fast failure detection so the whole file stays well under a minute, with enough slack for a loaded
+# 2-core machine (a starved process must not look dead).
+CFG = dict(timeout_s=5.0, ready_timeout_s=5.0, join_retry_s=0.2, heartbeat_s=0.25, peer_timeout_s=3.0)
+
+
+def digest(tensor: torch.Tensor) -> str:
+    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.sha1(data + str(tuple(tensor.shape)).encode() + str(tensor.dtype).encode()).hexdigest()
+
+
+def digests(named: dict[str, torch.Tensor]) -> dict[str, str]:
+    return {name: digest(t) for name, t in named.items()}
+
+
+def make_weights(seed: int, big_mb: float = 0.0, layers: int = 0) -> dict[str, torch.Tensor]:
+    """A small model-like set of tensors: mixed dtypes, a tied pair, an empty tensor, a scalar; optionally
+    one ``big_mb`` tensor and ``layers`` extra 256 KiB tensors."""
+    g = torch.Generator().manual_seed(seed)
+    weights = {
+        "embed.weight": torch.randn(256, 64, generator=g),
+        "layer.0.q.weight": torch.randn(64, 64, generator=g).to(torch.bfloat16),
+        "layer.0.norm.weight": torch.randn(64, generator=g).to(torch.float16),
+        "layer.0.step": torch.tensor(seed, dtype=torch.int64),
+        "layer.0.mask": torch.rand(33, generator=g) > 0.5,
+        "empty": torch.empty(0, 8),
+    }
+    weights["lm_head.weight"] = weights["embed.weight"]  # tied
+    if big_mb:
+        weights["big.weight"] = torch.randn(int(big_mb * (1 << 20) / 4), generator=g)
+    for layer in range(layers):
+        weights[f"extra.{layer}.weight"] = torch.randn(256, 256, generator=g)
+    return weights
+
+
+# ====================================================================================== chunks (in process)
+
+
+def _roundtrip(named: dict[str, torch.Tensor], chunk_bytes: int) -> dict[str, torch.Tensor]:
+    layout, units = pack(named.items(), chunk_bytes)
+    assert all(u.numel() <= chunk_bytes for u in units)
+    return dict(unpack(layout, units))
+
+
+@pytest.mark.parametrize("chunk_bytes", [ALIGN, 1000, 4096, 1 << 20])
+def test_chunks_round_trip_across_dtypes_and_chunk_sizes(chunk_bytes: int) -> None:
+    named = make_weights(0, big_mb=0.01)
+    named["transposed"] = torch.randn(7, 5).t()  # non-contiguous
+    named["f64"] = torch.randn(3, dtype=torch.float64)
+    named["u8"] = torch.arange(9, dtype=torch.uint8)
+    out = _roundtrip(named, chunk_bytes)
+    assert sorted(out) == sorted(named)  # every name, aliases included
+    originals = [n for n in named if n != "lm_head.weight"]
+    assert [n for n in out if n != "lm_head.weight"] == originals  # order kept; an alias follows its original
+    for name, tensor in named.items():
+        assert out[name].dtype == tensor.dtype and out[name].shape == tensor.shape, name
+        assert digest(out[name]) == digest(tensor), name
+
+
+def test_chunks_empty_update_and_only_empty_tensors() -> None:
+    layout, units = pack([], 1024)
+    assert layout.units == [] and units == [] and list(unpack(layout, units)) == []
+    named = {"a": torch.empty(0), "b": torch.empty(3, 0, dtype=torch.bfloat16)}
+    layout, units = pack(named.items(), 1024)
+    assert sum(u.nbytes for u in layout.units) == 0
+    out = dict(unpack(layout, units))
+    assert {k: (v.shape, v.dtype) for k, v in out.items()} == {k: (v.shape, v.dtype) for k, v in named.items()}
+
+
+def test_chunks_tied_names_are_sent_once_and_large_tensors_are_sliced() -> None:
+    big = torch.randn(1000)  # 4000 bytes
+    named = [("w", big), ("small", torch.ones(3)), ("tied", big)]
+    layout = plan_layout(named, chunk_bytes=1024)
+    assert layout.payload_bytes == 4000 + 12
+    assert [s.alias_of for s in layout.tensors] == [-1, -1, 0]
+    sliced = [u for u in layout.units if u.sliced]
+    assert len(sliced) == 4 and sum(u.nbytes for u in sliced) == 4000
+    assert all(u.nbytes <= 1024 for u in layout.units)
+    out = dict(unpack(*pack(named, 1024)))
+    assert out["w"] is not None and torch.equal(out["tied"], big) and torch.equal(out["w"], big)
+
+
+def test_chunks_reject_duplicate_names_and_tiny_chunks() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        plan_layout([("a", torch.ones(1)), ("a", torch.ones(1))], 1024)
+    with pytest.raises(ValueError, match="at least"):
+        plan_layout([("a", torch.ones(1))], 8)
+
+
+def test_receive_buffers_are_reused_only_when_nothing_views_them() -> None:
+    """A streaming consumer runs on a few buffers; one that keeps tensors still sees correct values."""
+    named = {f"t{i}": torch.full((200,), float(i)) for i in range(20)}  # 800 B each, 1 per 1 KiB unit
+    layout, units = pack(named.items(), 1024)
+    pool = BufferPool(layout.chunk_bytes, torch.device("cpu"))
+    unpacker = Unpacker(layout, pool)
+    kept = {}
+    for index, data in enumerate(units):
+        unpacker.target(index).copy_(data)
+        for name, tensor in unpacker.complete(index):
+            if int(name[1:]) % 2 == 0:
+                kept[name] = tensor  # retained view: its buffer must not be refilled
+            del tensor
+    assert all(torch.equal(kept[name], named[name]) for name in kept)
+    # a pure streaming consumer does not grow the pool past its cap
+    pool2 = BufferPool(layout.chunk_bytes, torch.device("cpu"))
+    unpacker2 = Unpacker(layout, pool2)
+    for index, data in enumerate(units):
+        unpacker2.target(index).copy_(data)
+        for name, tensor in unpacker2.complete(index):
+            assert torch.equal(tensor, named[name])
+        del tensor
+    assert pool2.allocated_bytes() <= 3 * layout.chunk_bytes
+
+
+def test_manifest_round_trips_through_msgpack() -> None:
+    layout = plan_layout(list(make_weights(1).items()), 4096)
+    manifest = messages.Manifest("p-1", 7, layout)
+    assert messages.decode(messages.encode(manifest)) == manifest
+    with pytest.raises(msgspec.DecodeError):
+        messages.decode(b"\x01garbage")
+
+
+def test_config_validation() -> None:
+    assert WeightSyncConfig().chunk_bytes == 32 << 20
+    with pytest.raises(ValueError, match="timeout_s"):
+        WeightSyncConfig(timeout_s=0)
+    with pytest.raises(ValueError, match="backend"):
+        WeightSyncConfig(backend="mpi")
+    with pytest.raises(ValueError, match="peer_timeout_s"):
+        WeightSyncConfig(heartbeat_s=1.0, peer_timeout_s=1.5)
+
+
+def test_backend_resolution_on_cpu() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only expectations")
+    assert resolve_backend("auto") == "gloo" and resolve_backend("gloo") == "gloo"
+    with pytest.raises(ValueError, match="nccl"):
+        resolve_backend("nccl")
+
+
+def test_receiver_without_learner_never_blocks() -> None:
+    """No learner at the endpoint: poll() returns at once, close() returns promptly."""
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    receiver = WeightReceiver(f"tcp://127.0.0.1:{port}", "lonely", lambda named, version: None,
+                              join_retry_s=0.05).start()
+    try:
+        start = time.monotonic()
+        assert receiver.poll() is None and not receiver.connected and receiver.version is None
+        assert time.monotonic() - start < 0.1
+        time.sleep(0.3)  # a few Join attempts with backoff
+    finally:
+        start = time.monotonic()
+        receiver.close()
+        assert time.monotonic() - start < 2.0
+
+
+# ====================================================================================== processes
+
+
+STARTED = -2  # a slow rollout reports this "version" when it starts applying
+
+
+def _receiver_main(
+    endpoint: str, rid: str, results: mp.Queue, poll_mode: bool, slow_s: float, fail_names: tuple
+) -> None:
+    """A rollout process: reports (rid, version, {name: digest}) for every applied update."""
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {rid} %(message)s")  # shown with pytest -s
+
+    def apply(named, version: int) -> None:
+        if slow_s:
+            results.put((rid, STARTED, {}))
+        seen = {}
+        for name, tensor in named:
+            if name in fail_names:
+                raise KeyError(f"unknown weight {name}")
+            seen[name] = digest(tensor)  # consume now: the tensor is only valid until the next one
+            if slow_s:
+                time.sleep(slow_s)
+        results.put((rid, version, seen))
+
+    receiver = WeightReceiver(endpoint, rid, apply, timeout_s=CFG["timeout_s"], join_retry_s=CFG["join_retry_s"],
+                              background=not poll_mode).start()
+    while True:  # the parent kills us
+        if poll_mode:
+            try:
+                receiver.poll()  # the rollout loop: one "generation step", then apply what arrived
+            except KeyError as error:
+                results.put((rid, -1, {"error": str(error)}))
+            time.sleep(0.02)
+        else:
+            time.sleep(1.0)
+
+
+def _sender_main(control_port: int, store_port: int, seed: int, version: int, layers: int, info: mp.Queue) -> None:
+    """A learner process serving make_weights(seed, layers=layers) as ``version`` to whoever joins."""
+    torch.set_num_threads(1)
+    weights = make_weights(seed, layers=layers)
+    sender = WeightSender("127.0.0.1", control_port, store_port, config=WeightSyncConfig(chunk_mb=0.25, **CFG),
+                          current_weights=lambda: (version, list(weights.items()))).start()
+    info.put((sender.endpoint, int(sender.endpoint.rsplit(":", 1)[1]), sender.store_port))
+    while True:
+        time.sleep(1.0)
+
+
+class Cluster:
+    """Spawns and always kills the child processes of one test.
+
+    Every child reports on a queue of its own: a process killed while writing to a shared queue would
+    leave that queue's lock held and silence everyone else.
+    """
+
+    def __init__(self) -> None:
+        self.ctx = mp.get_context("spawn")
+        self.children: dict[str, mp.Process] = {}
+        self.queues: dict[str, mp.Queue] = {}
+
+    def receiver(self, endpoint: str, rid: str, poll_mode: bool = False, slow_s: float = 0.0,
+                 fail_names: tuple = ()) -> mp.Process:
+        results = self.queues[rid] = self.ctx.Queue()
+        proc = self.ctx.Process(target=_receiver_main, args=(endpoint, rid, results, poll_mode, slow_s, fail_names),
+                                name=rid, daemon=True)
+        proc.start()
+        self.children[rid] = proc
+        return proc
+
+    def sender_process(
+        self, control_port: int, store_port: int, seed: int, version: int, layers: int = 0
+    ) -> tuple[str, int, int]:
+        info = self.ctx.Queue()
+        proc = self.ctx.Process(target=_sender_main, args=(control_port, store_port, seed, version, layers, info),
+                                name="sender", daemon=True)
+        proc.start()
+        self.children["sender"] = proc
+        return info.get(timeout=30)
+
+    def kill(self, name: str) -> None:
+        proc = self.children.pop(name)
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(5)
+
+    def kill_all(self) -> None:
+        for name in list(self.children):
+            self.kill(name)
+
+    def wait_for(self, expected: dict[str, int], timeout: float = 30.0) -> dict[str, dict[str, str]]:
+        """Collect reports until every rid in ``expected`` has reported that version; returns their digests."""
+        got: dict[str, dict[str, str]] = {}
+        deadline = time.monotonic() + timeout
+        for rid, version in expected.items():
+            while rid not in got:
+                try:
+                    _, reported, seen = self.queues[rid].get(timeout=max(0.01, deadline - time.monotonic()))
+                except queue.Empty:
+                    pytest.fail(f"timed out waiting for {expected}; got versions for {sorted(got)}")
+                if reported == version:
+                    got[rid] = seen
+        return got
+
+
+@contextmanager
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        c.kill_all()
+
+
+class Learner:
+    """A learner in the test process: a WeightSender plus the weights it currently serves to joiners."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], version: int, chunk_mb: float, **ports: int) -> None:
+        self.weights, self.version = weights, version
+        self.sender = WeightSender("127.0.0.1", config=WeightSyncConfig(chunk_mb=chunk_mb, **CFG),
+                                   current_weights=self.current, **ports)
+
+    def current(self) -> tuple[int, list[tuple[str, torch.Tensor]]]:
+        return self.version, list(self.weights.items())
+
+    @property
+    def endpoint(self) -> str:
+        return self.sender.endpoint
+
+    def push(self, weights: dict[str, torch.Tensor], version: int) -> PushReport:
+        """What a learner loop does after an update: switch what joiners get and push, both under exclusive()."""
+        with self.sender.exclusive():
+            self.weights, self.version = weights, version
+            return self.sender.push(list(weights.items()), version)
+
+    def wait_acked(self, expected: dict[str, int], timeout: float = 10.0) -> None:
+        """Until the learner holds every Ack (a rollout reports before it acks: kill only after this)."""
+        deadline = time.monotonic() + timeout
+        while self.sender.receivers() != expected:
+            assert time.monotonic() < deadline, f"acks: {self.sender.receivers()} != {expected}"
+            time.sleep(0.02)
+
+
+@contextmanager
+def learner(
+    weights: dict[str, torch.Tensor], version: int, chunk_mb: float = 0.01, **ports: int
+) -> Iterator[Learner]:
+    learn = Learner(weights, version, chunk_mb, **ports)
+    learn.sender.start()
+    try:
+        yield learn
+    finally:
+        learn.sender.close()
+
+
+def test_two_receivers_get_identical_tensors() -> None:
+    w0 = make_weights(0)
+    with cluster() as c, learner(w0, 0) as s:
+        c.receiver(s.endpoint, "r0")
+        c.receiver(s.endpoint, "r1", poll_mode=True)  # one thread-mode, one poll-mode rollout
+        for seen in c.wait_for({"r0": 0, "r1": 0}).values():  # join sync: the current weights at once
+            assert seen == digests(w0)
+        w1 = make_weights(1)
+        report = s.push(w1, 1)
+        assert report.receivers_ok == ["r0", "r1"] and report.receivers_dropped == []
+        assert report.bytes == sum(t.numel() * t.element_size() for n, t in w1.items() if n != "lm_head.weight")
+        for seen in c.wait_for({"r0": 1, "r1": 1}).values():
+            assert seen == digests(w1)
+        assert s.sender.receivers() == {"r0": 1, "r1": 1}
+
+
+def test_chunk_smaller_than_one_tensor() -> None:
+    """6 MB tensor in 1 MB units (sliced), plus small tensors packed around it."""
+    w0 = make_weights(0, big_mb=6.0)
+    with cluster() as c, learner(w0, 0, chunk_mb=1.0) as s:
+        c.receiver(s.endpoint, "r0")
+        assert c.wait_for({"r0": 0})["r0"] == digests(w0)
+        w1 = make_weights(1, big_mb=6.0)
+        report = s.push(w1, 1)
+        assert report.receivers_ok == ["r0"], report.errors
+        assert c.wait_for({"r0": 1})["r0"] == digests(w1)
+
+
+def test_late_joiner_gets_current_version_immediately() -> None:
+    with cluster() as c, learner(make_weights(0), 0) as s:
+        c.receiver(s.endpoint, "r0")
+        c.wait_for({"r0": 0})
+        w3 = make_weights(3)
+        assert s.push(w3, 3).receivers_ok == ["r0"]
+        c.wait_for({"r0": 3})
+        c.receiver(s.endpoint, "late")
+        assert c.wait_for({"late": 3})["late"] == digests(w3)
+
+
+def test_killed_receiver_is_dropped_and_the_push_goes_on() -> None:
+    with cluster() as c, learner(make_weights(0), 0) as s:
+        c.receiver(s.endpoint, "r0")
+        c.receiver(s.endpoint, "victim")
+        c.wait_for({"r0": 0, "victim": 0})
+        s.wait_acked({"r0": 0, "victim": 0})
+        c.kill("victim")
+        start = time.monotonic()
+        report = s.push(make_weights(1), 1)
+        assert time.monotonic() - start < CFG["timeout_s"] + 1
+        assert report.receivers_ok == ["r0"] and report.receivers_dropped == ["victim"], report
+        c.wait_for({"r0": 1})
+        assert set(s.sender.receivers()) == {"r0"}
+
+
+def test_receiver_killed_during_a_transfer() -> None:
+    """A rollout dies while receiving (10 MB, more than the socket buffers hold, consumed slowly): the push
+    completes for the other one within the timeout."""
+    w1 = make_weights(1, layers=40)
+    with cluster() as c, learner(make_weights(0), 0, chunk_mb=0.25) as s:
+        c.receiver(s.endpoint, "r0")
+        c.receiver(s.endpoint, "slow", slow_s=0.05)  # ~50 tensors -> ~2.5 s inside apply
+        c.wait_for({"r0": 0, "slow": 0}, timeout=40)
+        s.wait_acked({"r0": 0, "slow": 0})
+        killer = threading.Timer(0.7, c.kill, args=("slow",))
+        killer.start()
+        try:
+            start = time.monotonic()
+            report = s.push(w1, 1)
+        finally:
+            killer.join()
+        assert time.monotonic() - start < CFG["timeout_s"] + 1
+        assert report.receivers_ok == ["r0"] and report.receivers_dropped == ["slow"], report
+        assert c.wait_for({"r0": 1})["r0"] == digests(w1)
+
+
+def test_restarted_receiver_rejoins_with_current_weights() -> None:
+    with cluster() as c, learner(make_weights(0), 0) as s:
+        c.receiver(s.endpoint, "r0")
+        c.wait_for({"r0": 0})
+        s.wait_acked({"r0": 0})
+        c.kill("r0")
+        w5 = make_weights(5)
+        report = s.push(w5, 5)  # nobody left (or dropped now): must not hang
+        assert report.receivers_ok == []
+        c.receiver(s.endpoint, "r0")  # same id: replaces the dead pair
+        assert c.wait_for({"r0": 5})["r0"] == digests(w5)
+        assert s.push(make_weights(6), 6).receivers_ok == ["r0"]
+
+
+def test_apply_failure_is_reported_and_the_pair_survives() -> None:
+    with cluster() as c, learner(make_weights(0), 0) as s:
+        c.receiver(s.endpoint, "bad", poll_mode=True, fail_names=("layer.0.mask",))
+        c.wait_for({"bad": -1})  # the join sync failed in apply; poll() re-raised it
+        report = s.push(make_weights(1), 1)
+        assert report.receivers_failed == ["bad"] and "unknown weight" in report.errors["bad"]
+        assert report.receivers_dropped == []
+        c.wait_for({"bad": -1})
+        assert set(s.sender.receivers()) == {"bad"}
+
+
+def test_restarted_sender_on_same_ports_resyncs_receivers() -> None:
+    with cluster() as c:
+        endpoint, control_port, store_port = c.sender_process(0, 0, seed=0, version=0)
+        c.receiver(endpoint, "r0")
+        c.receiver(endpoint, "r1")
+        c.wait_for({"r0": 0, "r1": 0}, timeout=40)
+        c.kill("sender")  # the learner crashes
+        w9 = make_weights(9)
+        with learner(w9, 9, control_port=control_port, store_port=store_port) as s:
+            assert s.endpoint == endpoint
+            for seen in c.wait_for({"r0": 9, "r1": 9}).values():
+                assert seen == digests(w9)
+            report = s.push(make_weights(10), 10)
+            assert report.receivers_ok == ["r0", "r1"], report
+
+
+def test_sender_killed_during_a_transfer_then_restarted() -> None:
+    """The learner dies while a rollout is receiving: the rollout drops the broken pair, re-joins the
+    successor on the same ports and gets its weights."""
+    with cluster() as c:
+        endpoint, control_port, store_port = c.sender_process(0, 0, seed=0, version=0, layers=40)
+        c.receiver(endpoint, "r0", slow_s=0.05)  # the 10 MB join sync takes ~2.5 s to consume
+        c.wait_for({"r0": STARTED})
+        time.sleep(0.3)
+        c.kill("sender")
+        w9 = make_weights(9)
+        with learner(w9, 9, control_port=control_port, store_port=store_port):
+            assert c.wait_for({"r0": 9})["r0"] == digests(w9)
