@@ -1,6 +1,6 @@
 """Build the run's components from a resolved config: task, orchestra, agent specs, model directories.
 
-Shared by the colocated loop, evaluation and (later) the rollout and learner processes, so every process
+Shared by the colocated loop, evaluation and the buffer, rollout and learner processes, so every process
 interprets a config the same way.
 """
 
@@ -63,3 +63,13 @@ def model_path(cfg: DrmasConfig, model_id: str) -> Path:
 def trained_agents(cfg: DrmasConfig, model_id: str) -> list[str]:
     """Agents whose samples train `model_id`."""
     return [n for n, a in cfg.agents.items() if a.model == model_id and a.trainable]
+
+
+def trained_models(cfg: DrmasConfig) -> list[str]:
+    """Models that get a learner: trainable and trained by at least one agent (in the order of `models`)."""
+    return [m for m, mcfg in cfg.models.items() if mcfg.trainable and trained_agents(cfg, m)]
+
+
+def trained_agent_models(cfg: DrmasConfig) -> dict[str, str]:
+    """Agent -> model for every agent whose samples train a model: what the buffer queues and learners pull."""
+    return {a: m for m in trained_models(cfg) for a in trained_agents(cfg, m)}

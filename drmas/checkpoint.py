@@ -59,6 +59,18 @@ def save_checkpoint(
     return target
 
 
+def load_model_weights(ckpt: Path, model_id: str, model: torch.nn.Module) -> None:
+    """Copy the saved weights of `model_id` into `model` in place (its optimizer keeps pointing at them)."""
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for shard in sorted((ckpt / model_id).glob("*.safetensors")):
+        tensors.update(load_file(shard))
+    if not tensors:
+        raise FileNotFoundError(f"{ckpt / model_id}: no *.safetensors weights")
+    model.load_state_dict(tensors, strict=False)
+
+
 def load_trainer_state(ckpt: Path, model_id: str) -> dict:
     return torch.load(ckpt / "trainer_state" / f"{model_id}.pt", weights_only=False)
 

@@ -16,7 +16,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="drmas", description="Dr. MAS: stable RL for multi-agent LLM systems")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="train (colocated: rollout and learner in this process)")
+    run = sub.add_parser(
+        "run", help="train: in this process (pipeline.mode=colocated) or as buffer, learner and rollout "
+        "processes (pipeline.mode=async)")
     _add_config_args(run)
     cfg = sub.add_parser("config", help="inspect configs")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
@@ -44,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(cfg) -> int:
+    if cfg.pipeline.mode == "async":
+        from drmas.launcher import launch
+
+        return launch(cfg)
     from drmas.colocated import ColocatedRun
     from drmas.report import print_summary
 

@@ -23,6 +23,7 @@ from drmas.evaluation import heldout_accuracy
 from drmas.learner.advantage import compute_advantages
 from drmas.learner.policy import PolicyTrainer
 from drmas.learner.running_stats import AgentRewardStats
+from drmas.learner.scalars import agent_scalars
 from drmas.metrics import MetricsWriter, agent_line, spike_summary
 from drmas.protocol import Sample
 from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
@@ -81,13 +82,8 @@ class ColocatedRun:
         ckpt = checkpoint.latest_checkpoint(self.out)
         if ckpt is None:
             return False
-        from safetensors.torch import load_file
-
         for model_id, trainer in self.trainers.items():
-            tensors = {}
-            for shard in sorted((ckpt / model_id).glob("*.safetensors")):
-                tensors.update(load_file(shard))
-            trainer.model.load_state_dict(tensors, strict=False)
+            checkpoint.load_model_weights(ckpt, model_id, trainer.model)
             trainer.load_state_dict(checkpoint.load_trainer_state(ckpt, model_id))
         state = checkpoint.load_run_state(ckpt)
         self.step = int(state["step"])
@@ -150,7 +146,7 @@ class ColocatedRun:
             mode=cfg.algorithm.normalization, norm_by_std=cfg.algorithm.norm_by_std, eps=cfg.algorithm.eps,
             running_stats=self.stats if cfg.algorithm.singleton_fallback else None,
         )
-        scalars = _agent_scalars(samples, adv)
+        scalars = agent_scalars(samples, adv)
         scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results]))
         for model_id, trainer in self.trainers.items():
             agents_of_model = set(assembly.trained_agents(cfg, model_id))
@@ -181,22 +177,6 @@ class ColocatedRun:
             elif key.endswith("/sq_mean"):
                 out[key] = float(np.mean(values))
         return out
-
-
-def _agent_scalars(samples: list[Sample], adv: np.ndarray) -> dict[str, float]:
-    by_agent: dict[str, list[int]] = defaultdict(list)
-    for i, s in enumerate(samples):
-        by_agent[s.agent].append(i)
-    out = {}
-    for agent, idx in by_agent.items():
-        a = adv[idx]
-        out[f"reward/{agent}/mean"] = float(np.mean([samples[i].reward for i in idx]))
-        out[f"advantage/{agent}/mean"] = float(a.mean())
-        out[f"advantage/{agent}/sq_mean"] = float((a**2).mean())
-        out[f"valid/{agent}"] = float(np.mean([samples[i].valid for i in idx]))
-        out[f"calls/{agent}"] = float(len(idx))
-        out[f"response_tokens/{agent}/mean"] = float(np.mean([len(samples[i].response_ids) for i in idx]))
-    return out
 
 
 def _seed_everything(seed: int) -> None:

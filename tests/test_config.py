@@ -86,3 +86,36 @@ def test_cli_config_keys_lists_help():
     rows = {key: text for key, _, text in iter_help()}
     assert "algorithm.normalization" in rows and "Dr. MAS" in rows["algorithm.normalization"]
     assert "agents.<agent>.model" in rows
+
+
+def test_typo_inside_pipeline_buffer_is_caught():
+    with pytest.raises(ConfigError) as err:
+        load_config(SMOKE, ["pipeline.buffer.capcity_samples=10"])
+    assert "pipeline.buffer.capcity_samples" in str(err.value)
+    assert "pipeline.buffer.capacity_samples" in str(err.value)
+
+
+def test_pipeline_sections_take_nested_overrides():
+    cfg = load_config(SMOKE, ["pipeline.mode=async", "pipeline.max_staleness=0", "pipeline.buffer.window=2",
+                              "pipeline.buffer.max_running_groups=3", "pipeline.weights.chunk_mb=0.5",
+                              "pipeline.learner_ports={policy: 7001}"])
+    p = cfg.pipeline
+    assert (p.mode, p.max_staleness, p.buffer.window, p.buffer.max_running_groups) == ("async", 0, 2, 3)
+    assert p.weights.chunk_bytes == 1 << 19 and p.learner_ports == {"policy": 7001}
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("pipeline.max_staleness=-1", "pipeline.max_staleness"),
+        ("pipeline.mode=streaming", "pipeline.mode"),
+        ("pipeline.buffer.window=0", "pipeline.buffer.window"),
+        ("pipeline.weights.timeout_s=0", "pipeline.weights.timeout_s"),
+        ("pipeline.learner_ports={nope: 7000}", "pipeline.learner_ports.nope"),
+        ("pipeline.learner_ports={policy: 70000}", "pipeline.learner_ports.policy"),
+    ],
+)
+def test_impossible_pipeline_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(SMOKE, [override])
+    assert key in str(err.value)

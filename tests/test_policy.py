@@ -44,6 +44,7 @@ def test_update_takes_finite_steps_and_changes_weights(tiny_model_dir):
     # learner and engine saw the same weights: on-policy ratio is 1, mismatch only numerical
     assert metrics["mismatch_kl/m"] < 1e-6
     assert metrics["is_ratio/m/max"] == pytest.approx(1.0, abs=1e-3)
+    assert metrics["ess/m"] == pytest.approx(1.0, abs=1e-3)  # equal weights: every token counts fully
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
 
 
@@ -95,3 +96,12 @@ def test_trainer_state_round_trip(tiny_model_dir):
     other.load_state_dict(state)
     assert other.optimizer_steps == 1
     assert other.optimizer.state_dict()["state"].keys() == trainer.optimizer.state_dict()["state"].keys()
+
+
+def test_ess_share_falls_when_few_tokens_dominate():
+    from drmas.learner.policy import _ess_share
+
+    equal = [torch.zeros(4)], [torch.zeros(4)]
+    skewed = [torch.tensor([5.0, 0.0, 0.0, 0.0])], [torch.zeros(4)]
+    assert _ess_share(*equal) == pytest.approx(1.0)
+    assert 0.25 <= _ess_share(*skewed) < 0.3  # one weight e^5 against three of 1: about 1/n

@@ -38,7 +38,14 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         except OmegaConfBaseException as exc:
             key = getattr(exc, "full_key", None) or "?"
             raise ConfigError(f"{origin}: bad value for '{key}': {_first_line(exc)}") from None
-    cfg: DrmasConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    try:
+        cfg: DrmasConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except ValueError as exc:
+        # WeightSyncConfig checks itself on construction and names its fields `weights.<field>`
+        message = _first_line(exc)
+        if message.startswith("weights."):
+            message = "pipeline." + message
+        raise ConfigError(f"invalid config: {message}") from None
     from drmas.config.validate import validate_config
 
     validate_config(cfg)

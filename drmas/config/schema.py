@@ -1,6 +1,6 @@
 """The typed configuration schema: every knob of drmas, with its help text.
 
-Each field's `help` metadata is what `drmas config show --help-keys` prints and what error messages quote.
+Each field's `help` metadata is what `drmas config keys` prints.
 The schema is plain dataclasses so OmegaConf can type-check YAML and command-line overrides against it.
 """
 
@@ -9,12 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from drmas.buffer.config import BufferConfig
+from drmas.weights.config import WeightSyncConfig
 
-def _f(default, help: str, **kwargs):
-    """A dataclass field carrying its help text."""
-    if isinstance(default, (list, dict)) or callable(default) and not isinstance(default, type(None)):
-        return field(default_factory=default, metadata={"help": help}, **kwargs)
-    return field(default=default, metadata={"help": help}, **kwargs)
+
+def _f(default, help: str):
+    """A dataclass field carrying its help text; a type (a section dataclass, `dict`) becomes its factory."""
+    if isinstance(default, type):
+        return field(default_factory=default, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -151,6 +154,47 @@ class LoggingConfig:
 
 
 @dataclass
+class PipelineConfig:
+    """The asynchronous actor-learner pipeline: buffer, learners and rollouts as separate processes.
+
+    Every endpoint a process needs is derivable from this section alone, so the same config file starts
+    `drmas-buffer`, `drmas-learner` and `drmas-rollout` by hand on different machines.
+    """
+
+    mode: str = _f(
+        "colocated",
+        "'colocated': `drmas run` trains in one process; 'async': `drmas run` launches buffer, learners and "
+        "rollouts as separate processes (the processes can also be started by hand).",
+    )
+    max_staleness: int = _f(
+        1,
+        "Most learner updates a consumed sample may lag behind the weights it trains (0 = synchronous "
+        "on-policy training). Enforced when rollouts admit new groups and again when learners consume them.",
+    )
+    num_rollouts: int = _f(1, "Rollout processes `drmas run` launches (any number may be started by hand).")
+    groups_in_flight: int = _f(
+        0,
+        "GRPO groups one rollout process keeps generating at once, admission permitting "
+        "(0 = rollout.prompts_per_step).",
+    )
+    report_interval_s: float = _f(5.0, "Seconds between the metrics records of rollout and buffer processes.")
+    buffer: BufferConfig = _f(BufferConfig, "The trajectory buffer and its clients (endpoints, capacity, CURVE keys).")
+    weights: WeightSyncConfig = _f(WeightSyncConfig, "Learner -> rollout weight push (chunking, timeouts, backend).")
+    learner_host: str = _f(
+        "127.0.0.1",
+        "Address of the learners' weight-sync endpoints: each learner binds it, rollouts connect to it. Use the "
+        "learner machine's address across machines (learner_hosts overrides it per model).",
+    )
+    learner_hosts: dict[str, str] = _f(dict, "Model id -> weight-sync address of that model's learner.")
+    learner_base_port: int = _f(
+        5610,
+        "Weight-sync control port of the first trained model (in the order of `models`), +1 for the next, ... "
+        "0 = `drmas run` picks free ports (processes started by hand need real ports).",
+    )
+    learner_ports: dict[str, int] = _f(dict, "Model id -> weight-sync control port, overriding learner_base_port.")
+
+
+@dataclass
 class DrmasConfig:
     models: dict[str, ModelConfig] = _f(dict, "Model id -> model. Agents with the same model id share weights.")
     agents: dict[str, AgentConfig] = _f(dict, "Agent name -> agent (role, model id, sampling overrides).")
@@ -161,3 +205,4 @@ class DrmasConfig:
     eval: EvalConfig = _f(EvalConfig, "Held-out evaluation around training.")
     trainer: TrainerConfig = _f(TrainerConfig, "The training loop.")
     logging: LoggingConfig = _f(LoggingConfig, "Console and TensorBoard.")
+    pipeline: PipelineConfig = _f(PipelineConfig, "The asynchronous pipeline (buffer, learners, rollouts).")

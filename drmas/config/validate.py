@@ -12,6 +12,7 @@ NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny")
 DTYPES = ("float32", "bfloat16")
+PIPELINE_MODES = ("colocated", "async")
 
 
 def validate_config(cfg: DrmasConfig) -> None:
@@ -21,6 +22,7 @@ def validate_config(cfg: DrmasConfig) -> None:
     _check_agents(cfg, errors)
     _check_algorithm(cfg, errors)
     _check_rollout_and_trainer(cfg, errors)
+    _check_pipeline(cfg, errors)
     _check_registered(cfg, errors)
     if errors:
         from drmas.config.load import ConfigError
@@ -109,6 +111,37 @@ def _check_rollout_and_trainer(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append(f"task.answer_extraction: {cfg.task.answer_extraction!r} is not one of boxed, flexible")
     if cfg.system.max_rounds < 1:
         errors.append("system.max_rounds: must be >= 1")
+
+
+def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
+    p = cfg.pipeline
+    if p.mode not in PIPELINE_MODES:
+        errors.append(f"pipeline.mode: {p.mode!r} is not one of {', '.join(PIPELINE_MODES)}")
+    for key, low in (("max_staleness", 0), ("num_rollouts", 1), ("groups_in_flight", 0)):
+        if getattr(p, key) < low:
+            errors.append(f"pipeline.{key}: must be >= {low}, got {getattr(p, key)}")
+    if p.report_interval_s <= 0:
+        errors.append(f"pipeline.report_interval_s: must be > 0, got {p.report_interval_s}")
+    try:
+        p.buffer.validate()
+    except ValueError as exc:  # BufferConfig names its fields as `buffer.<field>`
+        errors.append(f"pipeline.{exc}")
+    for section in ("learner_ports", "learner_hosts"):
+        for model in getattr(p, section):
+            if model not in cfg.models:
+                errors.append(f"pipeline.{section}.{model}: not a key of 'models' ({', '.join(cfg.models)})")
+    for model, port in p.learner_ports.items():
+        if not 0 <= port <= 65535:
+            errors.append(f"pipeline.learner_ports.{model}: {port} is not a TCP port (0 = assigned by `drmas run`)")
+    if not 0 <= p.learner_base_port <= 65535 - len(cfg.models):
+        errors.append(f"pipeline.learner_base_port: {p.learner_base_port} leaves no room for {len(cfg.models)} ports")
+    if p.mode == "async" and cfg.algorithm.normalization == "step_global":
+        trained = {a.model for a in cfg.agents.values() if a.trainable and a.model in cfg.models}
+        if len(trained) > 1:
+            errors.append(
+                "algorithm.normalization: 'step_global' pools the calls of all agents of a group, but with "
+                "pipeline.mode=async each learner sees only its own model's agents; use 'agent' or 'global'"
+            )
 
 
 def _check_registered(cfg: DrmasConfig, errors: list[str]) -> None:

@@ -89,6 +89,7 @@ class PolicyTrainer:
             f"grad_norm/{m}": float(np.mean(sums["grad_norm"])),
             f"grad_norm/{m}/max": float(np.max(sums["grad_norm"])),
             f"mismatch_kl/{m}": _k3(proximal, behaviour),  # type: ignore[arg-type]
+            f"ess/{m}": _ess_share(proximal, behaviour),  # type: ignore[arg-type]
             f"clip_fraction/{m}": float(np.mean(sums["clip_fraction"])),
             f"is_ratio/{m}/mean": float(np.mean(sums["is_weight_mean"])),
             f"is_ratio/{m}/max": float(np.max(sums["is_weight_max"])),
@@ -169,3 +170,17 @@ def _k3(learner: list[torch.Tensor], behaviour: list[torch.Tensor]) -> float:
         return 0.0
     log_ratio = log_ratio.clamp(-20, 20)
     return float((log_ratio.exp() - 1 - log_ratio).mean())
+
+
+def _ess_share(proximal: list[torch.Tensor], behaviour: list[torch.Tensor]) -> float:
+    """Effective sample size share of the behaviour importance weights w = pi_prox / pi_behaviour over all
+    tokens, (sum w)^2 / (n sum w^2): 1 when the data is on-policy, towards 1/n as a few tokens dominate.
+    Stale or mismatched samples lower it before they show up as a clipped loss."""
+    if not proximal:
+        return 1.0
+    log_w = (torch.cat(proximal) - torch.cat(behaviour)).double()
+    if log_w.numel() == 0:
+        return 1.0
+    log_w = log_w - log_w.max()  # the ratio is scale-free: shift for overflow-free exponentials
+    w = log_w.exp()
+    return float(w.sum() ** 2 / (w.numel() * (w**2).sum()))

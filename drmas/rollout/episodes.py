@@ -4,6 +4,11 @@ Each orchestra episode is a generator waiting on one agent turn. Every round, th
 pending turns of all live episodes, groups them by the model that serves the agent, makes one batched
 `generate` call per engine, and sends each episode its response. Episodes of different lengths simply
 finish at different rounds. The result is one `Sample` per agent call, rewards filled in.
+
+`run` drives a fixed set of episodes to their end (training steps, evaluation). `stream` keeps a rollout
+process busy instead: before every round it asks for new episodes, so finished ones are replaced at once,
+and hands each episode over the moment it ends. The `on_round` hook runs between rounds, the one point
+where no generation is in progress, which is where a rollout process swaps in new weights.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import dataclasses
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from drmas.engines.base import Engine, Generation, SamplingParams
 from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra
@@ -70,10 +75,14 @@ class EpisodeRunner:
         agents: Mapping[str, AgentSpec],
         invalid_penalty: float,
         seed: int | None = None,
+        on_round: Optional[Callable[[], None]] = None,
     ) -> None:
         """With `seed`, every call is sampled from its own stream derived from (seed, episode id, turn):
         the same episode samples the same tokens whatever else shares its batch, and a resumed run
-        continues exactly as an uninterrupted one would."""
+        continues exactly as an uninterrupted one would.
+
+        `on_round`, if given, is called before every decode round (never during one). Live episodes keep
+        going across it, so it may replace an engine's weights: later turns then carry the new version."""
         missing = [a for a in orchestra.agents if a not in agents]
         if missing:
             raise ValueError(f"the orchestra needs agents {missing} that are not configured")
@@ -85,25 +94,61 @@ class EpisodeRunner:
         self.agents = agents
         self.invalid_penalty = invalid_penalty
         self.seed = seed
+        self.on_round = on_round
 
     def run(self, requests: Sequence[EpisodeRequest]) -> list[EpisodeResult]:
         """Run every episode to its end; results come back in request order."""
         results: dict[str, EpisodeResult] = {}
-        live: list[_Live] = []
-        for req in requests:
-            episode = self.orchestra.run(req.problem)
-            self._advance(_Live(req, episode, turn=None), None, live, results)  # type: ignore[arg-type]
-        while live:
-            by_model: dict[str, list[_Live]] = defaultdict(list)
-            for item in live:
-                by_model[self.agents[item.turn.agent].model].append(item)
-            live = []
-            for model, items in by_model.items():
-                responses = self._generate(model, items)
-                for item, (prompt_ids, gen) in zip(items, responses):
-                    item.calls.append(_Call(item.turn.agent, model, prompt_ids, gen))
-                    self._advance(item, gen.text, live, results)
+        queued: list[EpisodeRequest] | None = list(requests)
+
+        def admit(_live: int) -> list[EpisodeRequest] | None:
+            nonlocal queued
+            batch, queued = queued, None
+            return batch
+
+        self.stream(admit, lambda result: results.__setitem__(result.request.episode_id, result))
         return [results[req.episode_id] for req in requests]
+
+    def stream(
+        self,
+        admit: Callable[[int], Optional[Sequence[EpisodeRequest]]],
+        on_result: Callable[[EpisodeResult], None],
+    ) -> None:
+        """Run episodes as they are admitted until `admit` says there will be no more and all have ended.
+
+        Before every round `admit(number of live episodes)` returns the episodes to start now (possibly
+        none), or None once no more will come. When nothing is live, `admit` is called again at once, so it
+        should wait a little itself rather than return an empty list immediately. Every finished episode
+        goes to `on_result` as soon as it ends. An exception from either callback (or `on_round`) ends the
+        stream; episodes still live are then abandoned.
+        """
+        live: list[_Live] = []
+        more = True
+        while more or live:
+            if more:
+                new = admit(len(live))
+                more = new is not None
+                for req in new or ():
+                    episode = self.orchestra.run(req.problem)
+                    self._advance(_Live(req, episode, turn=None), None, live, on_result)  # type: ignore[arg-type]
+            if not live:
+                continue
+            if self.on_round is not None:
+                self.on_round()
+            live = self._round(live, on_result)
+
+    def _round(self, live: list[_Live], on_result: Callable[[EpisodeResult], None]) -> list[_Live]:
+        """One batched generate call per engine for the pending turns; returns the episodes still live."""
+        by_model: dict[str, list[_Live]] = defaultdict(list)
+        for item in live:
+            by_model[self.agents[item.turn.agent].model].append(item)
+        still_live: list[_Live] = []
+        for model, items in by_model.items():
+            responses = self._generate(model, items)
+            for item, (prompt_ids, gen) in zip(items, responses):
+                item.calls.append(_Call(item.turn.agent, model, prompt_ids, gen))
+                self._advance(item, gen.text, still_live, on_result)
+        return still_live
 
     def _generate(self, model: str, items: list[_Live]) -> list[tuple[list[int], Generation]]:
         engine = self.engines[model]
@@ -125,13 +170,15 @@ class EpisodeRunner:
             ids = ids["input_ids"]
         return [int(t) for t in ids]
 
-    def _advance(self, item: _Live, response: str | None, live: list[_Live], results: dict) -> None:
+    def _advance(
+        self, item: _Live, response: str | None, live: list[_Live], on_result: Callable[[EpisodeResult], None]
+    ) -> None:
         """Send the response (None to start) and either queue the next turn or finish the episode."""
         try:
             item.turn = item.episode.send(response)  # type: ignore[attr-defined]
         except StopIteration as stop:
             outcome: EpisodeOutcome = stop.value
-            results[item.request.episode_id] = EpisodeResult(item.request, outcome, self._samples(item, outcome))
+            on_result(EpisodeResult(item.request, outcome, self._samples(item, outcome)))
             return
         if item.turn.agent not in self.agents:
             raise ValueError(f"orchestra asked for agent {item.turn.agent!r} which is not configured")

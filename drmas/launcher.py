@@ -1,0 +1,169 @@
+"""`drmas run` with `pipeline.mode=async`: buffer, learners and rollouts as separate local OS processes.
+
+The launcher adds nothing the processes cannot do when started by hand; it only
+
+* builds every model once up front (children would otherwise all build the same cached model at once),
+* replaces every port 0 by a free port and writes the resulting config to `<output_dir>/config.yaml`,
+  which every child then loads, so all of them agree on the endpoints,
+* starts `drmas-buffer`, one `drmas-learner` per trained model and `pipeline.num_rollouts` rollouts, each in
+  a session of its own (a Ctrl-C reaches the launcher only, which then stops them in order),
+* merges their output line by line behind a `[name]` prefix,
+* ends the run when every learner has finished, when any child dies, or on SIGINT/SIGTERM: rollouts are
+  stopped first (nothing new is generated), then learners (they write their checkpoint), the buffer last
+  (its final counters are logged). A child that ignores SIGTERM for `STOP_GRACE_S` is killed.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+from urllib.parse import urlsplit
+
+from drmas import assembly
+from drmas.config.load import to_yaml
+from drmas.config.schema import DrmasConfig
+from drmas.endpoints import learner_address
+from drmas.process import StopFlag
+
+STOP_GRACE_S = 60.0
+_STOP_ORDER = ("rollout", "learner", "buffer")
+
+
+@dataclass
+class _Child:
+    name: str
+    role: str  # buffer, learner or rollout
+    proc: subprocess.Popen
+    pump: threading.Thread
+
+
+def assign_ports(cfg: DrmasConfig) -> DrmasConfig:
+    """A copy of `cfg` in which every port 0 (buffer endpoints, learner weight ports) is a free port."""
+    cfg = copy.deepcopy(cfg)
+    buf = cfg.pipeline.buffer
+    for key in ("producer_endpoint", "consumer_endpoint"):
+        parts = urlsplit(getattr(buf, key))
+        if parts.scheme == "tcp" and parts.port in (None, 0):
+            host = parts.hostname or "127.0.0.1"
+            setattr(buf, key, f"tcp://{host}:{_free_port(host)}")
+    for model in assembly.trained_models(cfg):
+        host, port = learner_address(cfg, model)
+        if port == 0:
+            cfg.pipeline.learner_ports[model] = _free_port(host)
+    return cfg
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+class Launcher:
+    def __init__(self, cfg: DrmasConfig, out: TextIO = sys.stdout, python: str = sys.executable) -> None:
+        self.cfg = assign_ports(cfg)
+        self.out = out
+        self.python = python
+        self.children: list[_Child] = []
+        self._print_lock = threading.Lock()
+
+    def run(self) -> int:
+        """0 when every learner finished its steps; 1 when a child failed; 130 when interrupted."""
+        stop = StopFlag()
+        run_dir = Path(self.cfg.trainer.output_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_file = run_dir / "config.yaml"
+        config_file.write_text(to_yaml(self.cfg))
+        for model_id in self.cfg.models:
+            assembly.model_path(self.cfg, model_id)  # build once, here, before the children need it
+        base = ["--config", str(config_file)]
+        try:
+            self._start("buffer", "buffer", "drmas.buffer.main", base)
+            for model in assembly.trained_models(self.cfg):
+                self._start(f"learner-{model}", "learner", "drmas.learner.main", [*base, "--model", model])
+            for index in range(self.cfg.pipeline.num_rollouts):
+                self._start(f"rollout-{index}", "rollout", "drmas.rollout.main", [*base, "--index", str(index)])
+            code = self._watch(stop)
+        finally:
+            self._stop_all()
+        self._say("launcher", self._outcome(code, run_dir))
+        return code
+
+    def _watch(self, stop: StopFlag) -> int:
+        learners = [c for c in self.children if c.role == "learner"]
+        while not stop.wait(0.2):
+            for child in self.children:
+                rc = child.proc.poll()
+                if rc is None or (child.role == "learner" and rc == 0):
+                    continue
+                self._say("launcher", f"{child.name} exited with code {rc}: stopping the run")
+                return 1
+            if all(c.proc.poll() == 0 for c in learners):
+                return 0
+        self._say("launcher", f"{stop.signal_name or 'stop'} received: stopping every process")
+        return 130
+
+    def _outcome(self, code: int, run_dir: Path) -> str:
+        if code == 0:
+            return f"training finished; metrics, TensorBoard and checkpoints under {run_dir}/<process>/"
+        return f"run ended with code {code}; logs of every process above, outputs under {run_dir}/"
+
+    # ---- children ----------------------------------------------------------------------------------
+    def _start(self, name: str, role: str, module: str, args: list[str]) -> None:
+        proc = subprocess.Popen(
+            [self.python, "-u", "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        pump = threading.Thread(target=self._pump, args=(name, proc), name=f"drmas-log-{name}", daemon=True)
+        pump.start()
+        self.children.append(_Child(name, role, proc, pump))
+        self._say("launcher", f"started {name} (pid {proc.pid})")
+
+    def _pump(self, name: str, proc: subprocess.Popen) -> None:
+        """Copy a child's output to ours, each line behind its name (tqdm's \\r updates become lines)."""
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            for line in raw.decode(errors="replace").replace("\r", "\n").splitlines():
+                if line.strip():
+                    self._say(name, line)
+
+    def _say(self, name: str, line: str) -> None:
+        with self._print_lock:
+            self.out.write(f"[{name}] {line}\n")
+            self.out.flush()
+
+    def _stop_all(self) -> None:
+        for role in _STOP_ORDER:
+            group = [c for c in self.children if c.role == role and c.proc.poll() is None]
+            for child in group:
+                _signal_group(child.proc, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for child in group:
+                try:
+                    child.proc.wait(max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    self._say("launcher", f"{child.name} ignored SIGTERM for {STOP_GRACE_S:g}s: killing it")
+                    _signal_group(child.proc, signal.SIGKILL)
+                    child.proc.wait()
+        for child in self.children:
+            child.pump.join(timeout=5)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def launch(cfg: DrmasConfig, out: TextIO = sys.stdout) -> int:
+    return Launcher(cfg, out).run()

@@ -1,0 +1,44 @@
+"""`drmas-learner --config FILE --model ID [overrides]`: the learner process of one trained model."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from drmas.process import StopFlag, config_parser, load_or_exit, setup_logging
+
+log = logging.getLogger("drmas.learner")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = config_parser("drmas-learner", "Train one model on the groups its agents produce (async pipeline).")
+    parser.add_argument("--model", "-m", required=True, help="id of the model to train (a key of `models`)")
+    args = parser.parse_args(argv)
+    cfg = load_or_exit("drmas-learner", args.config, args.overrides)
+    setup_logging(f"learner-{args.model}")
+    stop = StopFlag()
+    from drmas import assembly
+    from drmas.endpoints import EndpointError, require_fixed
+    from drmas.learner.worker import LearnerWorker
+
+    trained = assembly.trained_models(cfg)
+    if args.model not in trained:
+        print(f"drmas-learner: --model {args.model!r} is not a trained model of this config ({', '.join(trained)})",
+              file=sys.stderr)
+        return 2
+    try:
+        require_fixed(cfg, buffer=True, learners=[args.model])
+        worker = LearnerWorker(cfg, args.model, stop)
+    except (EndpointError, FileNotFoundError, ValueError) as exc:
+        print(f"drmas-learner: {exc}", file=sys.stderr)
+        return 2
+    version = worker.run()
+    if stop.is_set():
+        log.info("stopped by %s at version %d", stop.signal_name or "request", version)
+    else:
+        log.info("done: version %d", version)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The learner loop of one model: pull a step's groups, update, bump the version, push weights, report.
+
+Order within a step matters for the staleness bound. The new weights are pushed to every connected
+rollout *before* the new version is reported to the buffer, because the buffer admits new groups on the
+strength of that version: a rollout admitted for version v + 1 must already generate with it, or its
+groups would arrive one version staler than admission assumed. The optimizer step and the version bump
+happen inside `WeightSender.exclusive()`, so a rollout that joins meanwhile is never sent half-updated
+weights or new weights under the old version number.
+
+Everything this learner writes (metrics, TensorBoard, checkpoints) lives in `<output_dir>/learner-<model>/`,
+so learners of different models never share a file and a restarted learner resumes from its own state.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from drmas import assembly, checkpoint
+from drmas.buffer import BufferConsumer
+from drmas.config.load import to_yaml
+from drmas.config.schema import DrmasConfig
+from drmas.endpoints import learner_address
+from drmas.learner.batch import GroupCollector, StepBatch, group_advantages
+from drmas.learner.policy import PolicyTrainer
+from drmas.learner.running_stats import AgentRewardStats
+from drmas.learner.scalars import agent_scalars, staleness_scalars
+from drmas.metrics import MetricsWriter, agent_line
+from drmas.process import StopFlag
+from drmas.weights import WeightSender
+
+log = logging.getLogger(__name__)
+
+
+class LearnerWorker:
+    def __init__(self, cfg: DrmasConfig, model_id: str, stop: StopFlag) -> None:
+        if model_id not in assembly.trained_models(cfg):
+            raise ValueError(f"model {model_id!r} is not trained by any agent (trained: {assembly.trained_models(cfg)})")
+        from drmas.models import load_model
+
+        self.cfg, self.model_id, self.stop = cfg, model_id, stop
+        self.out = Path(cfg.trainer.output_dir) / f"learner-{model_id}"
+        self.out.mkdir(parents=True, exist_ok=True)
+        if cfg.trainer.threads > 0:
+            torch.set_num_threads(cfg.trainer.threads)
+        _seed_everything(cfg.trainer.seed)
+        self.agents = assembly.trained_agents(cfg, model_id)
+        mcfg = cfg.models[model_id]
+        self.model, self.tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype)
+        weights = {a: cfg.agents[a].loss_weight for a in self.agents}
+        self.trainer = PolicyTrainer(model_id, self.model, mcfg.optim, cfg.algorithm, weights)
+        self.stats = AgentRewardStats(window=cfg.algorithm.running_stats_window)
+        self.version = 0
+        self.saved_version = 0
+        self.consumer = BufferConsumer.from_config(cfg.pipeline.buffer)
+        host, port = learner_address(cfg, model_id)
+        self.sender = WeightSender.from_config(cfg.pipeline.weights, host, port, model=model_id,
+                                               current_weights=self._current_weights)
+        self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
+                                        cfg.pipeline.max_staleness, stop)
+
+    def _current_weights(self):
+        """What a rollout that just joined receives (runs on the sender's thread, under `exclusive()`)."""
+        return self.version, list(self.trainer.named_tensors())
+
+    def run(self) -> int:
+        """Train until `trainer.steps` versions (or a stop signal); returns the version reached."""
+        cfg = self.cfg
+        if cfg.trainer.resume:
+            self._resume()
+        (self.out / "config.yaml").write_text(to_yaml(cfg))
+        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard)
+        self.sender.start()
+        log.info("learner of %r (agents %s) at version %d; rollouts join %s", self.model_id, self.agents,
+                 self.version, self.sender.endpoint)
+        try:
+            self._report_version()
+            last = time.monotonic()
+            while self.version < cfg.trainer.steps and not self.stop.is_set():
+                batch = self.collector.next_batch(self.version)
+                if batch is None:
+                    break
+                scalars, hists = self._step(batch)
+                now = time.monotonic()
+                scalars.update(self._timing(batch, now - last))
+                last = now
+                writer.log(self.version, scalars, hists)
+                if cfg.logging.console_every and self.version % cfg.logging.console_every == 0:
+                    log.info(agent_line(self.version, scalars, self.agents, [self.model_id]))
+                if cfg.trainer.checkpoint_interval and self.version % cfg.trainer.checkpoint_interval == 0:
+                    self._save()
+        finally:
+            if self.version != self.saved_version:
+                self._save()
+            writer.close()
+            self.sender.close()
+            self.consumer.close()
+        return self.version
+
+    def _step(self, batch: StepBatch) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        """One update on `batch`, then the new weights out to the rollouts and the new version to the buffer."""
+        m = self.model_id
+        samples, adv = group_advantages(batch.groups, self.cfg.algorithm, self.stats)
+        scalars = agent_scalars(samples, adv)
+        stale, hists = staleness_scalars(samples, self.version)
+        scalars.update(stale)
+        with self.sender.exclusive():
+            scalars.update(self.trainer.update(samples, adv))
+            self.version += 1
+            report = self.sender.push(self.trainer.named_tensors(), self.version)
+        self._report_version()
+        scalars.update({
+            f"version/{m}": float(self.version),
+            f"weight_sync/{m}/seconds": report.seconds,
+            f"weight_sync/{m}/receivers": float(len(report.receivers_ok)),
+            f"weight_sync/{m}/dropped": float(len(report.receivers_dropped)),
+            f"samples/{m}": float(len(samples)),
+            **{f"dropped/{m}/{reason}": float(n) for reason, n in batch.dropped.items()},
+        })
+        return scalars, hists
+
+    def _timing(self, batch: StepBatch, elapsed: float) -> dict[str, float]:
+        elapsed = max(elapsed, 1e-9)
+        return {
+            f"throughput/{self.model_id}/samples_per_s": len(batch.samples) / elapsed,
+            f"idle/{self.model_id}": min(batch.wait_s / elapsed, 1.0),
+            f"time/{self.model_id}/step_seconds": elapsed,
+        }
+
+    def _report_version(self) -> None:
+        """Tell the buffer our version (admission and its stale-drop rule follow it); waits for the buffer."""
+        while True:
+            try:
+                self.consumer.report_version(self.model_id, self.version)
+                return
+            except TimeoutError as exc:
+                log.warning("%s; retrying", exc)
+                if self.stop.is_set():
+                    return
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def _save(self) -> Path:
+        """Weights (HF directory), optimizer, running statistics and version, under `checkpoints/step_<version>`."""
+        path = checkpoint.save_checkpoint(
+            self.out, self.version, {self.model_id: (self.model, self.tokenizer)},
+            {self.model_id: self.trainer.state_dict()},
+            {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict()},
+        )
+        self.saved_version = self.version
+        log.info("saved %s", path)
+        return path
+
+    def _resume(self) -> bool:
+        ckpt = checkpoint.latest_checkpoint(self.out)
+        if ckpt is None:
+            log.info("no checkpoint in %s: starting at version 0", self.out)
+            return False
+        checkpoint.load_model_weights(ckpt, self.model_id, self.model)
+        self.trainer.load_state_dict(checkpoint.load_trainer_state(ckpt, self.model_id))
+        state = checkpoint.load_run_state(ckpt)
+        self.version = self.saved_version = int(state["version"])
+        self.stats.load_state_dict(state["stats"])
+        log.info("resumed from %s at version %d", ckpt, self.version)
+        return True
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

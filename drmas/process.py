@@ -1,0 +1,71 @@
+"""What every pipeline process entry point shares: its command line, logging, and a clean stop on signals.
+
+A process of the pipeline runs until told to stop (SIGTERM from a launcher, Ctrl-C by hand). The first
+signal only sets a flag that the process's loop checks between units of work, so sockets are closed,
+threads joined and a learner's checkpoint written on the way out. A second signal interrupts at once, for
+a process stuck where no flag is read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from drmas.config import ConfigError, load_config
+from drmas.config.schema import DrmasConfig
+
+
+class StopFlag:
+    """Set by SIGTERM or SIGINT (or `set()`); loops poll it or `wait` on it instead of sleeping."""
+
+    def __init__(self, install: bool = True) -> None:
+        self._event = threading.Event()
+        self.signal_name = ""
+        if install:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self._event.is_set():
+            raise KeyboardInterrupt  # asked twice: give up on a clean stop
+        self.signal_name = signal.Signals(signum).name
+        self._event.set()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds, waking at once when stopped; returns whether stopped."""
+        return self._event.wait(timeout)
+
+    @property
+    def event(self) -> threading.Event:
+        return self._event
+
+
+def config_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", "-c", help="YAML config file (defaults are the schema's)")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. pipeline.max_staleness=2")
+    return parser
+
+
+def load_or_exit(prog: str, path: str | None, overrides: list[str]) -> DrmasConfig:
+    """The resolved config, or exit 2 with the config error (before any socket or model is touched)."""
+    try:
+        return load_config(path, overrides)
+    except ConfigError as exc:
+        print(f"{prog}: config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def setup_logging(name: str) -> None:
+    """One line per record, prefixed with the process name, so merged logs of many processes stay readable."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S", stream=sys.stderr, force=True)

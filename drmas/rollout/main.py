@@ -1,0 +1,40 @@
+"""`drmas-rollout --config FILE [--index I] [overrides]`: one rollout process of the async pipeline."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from drmas.process import StopFlag, config_parser, load_or_exit, setup_logging
+
+log = logging.getLogger("drmas.rollout")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = config_parser("drmas-rollout", "Generate episodes and stream them to the trajectory buffer.")
+    parser.add_argument(
+        "--index", "-i", type=int, default=0,
+        help="this rollout's number; rollouts running at the same time need different ones (it names the "
+        "process to the buffer and the learners, and its output directory rollout-<index>)",
+    )
+    args = parser.parse_args(argv)
+    cfg = load_or_exit("drmas-rollout", args.config, args.overrides)
+    setup_logging(f"rollout-{args.index}")
+    stop = StopFlag()
+    from drmas import assembly
+    from drmas.endpoints import EndpointError, require_fixed
+    from drmas.rollout.worker import RolloutWorker
+
+    try:
+        require_fixed(cfg, buffer=True, learners=assembly.trained_models(cfg))
+        worker = RolloutWorker(cfg, args.index, stop)
+    except (EndpointError, FileNotFoundError, ValueError) as exc:
+        print(f"drmas-rollout: {exc}", file=sys.stderr)
+        return 2
+    worker.run()
+    log.info("stopped by %s after %d groups", stop.signal_name or "request", worker.groups_started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

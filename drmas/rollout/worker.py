@@ -1,0 +1,219 @@
+"""The rollout loop: keep episodes generating, stream each one to the buffer, take new weights between rounds.
+
+One `EpisodeRunner.stream` runs for the life of the process. Before every decode round it
+
+* applies whatever weights the learners announced (`WeightReceiver.poll` in this thread, so never during
+  a generate call and no response mixes versions; live episodes simply continue with the new weights and
+  their later turns carry the new version), and
+* tops the live GRPO groups up to `groups_in_flight`, but only as many as the buffer grants: the grant
+  follows every model's staleness bound, so a group that would be too stale by the time a learner could
+  train it is never started.
+
+A finished episode goes to the buffer at once with the samples of trained agents only (nothing else would
+ever leave the buffer). While the buffer withholds credit the loop keeps taking weight pushes, so a full
+buffer never stalls a learner's push.
+
+Before the first group, the loop waits for the current weights of every trained model from its learner, so
+no sample is generated from weights that no learner vouches for (this also makes a rollout that joins late
+start on the current version).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from drmas import assembly
+from drmas.buffer import BufferProducer
+from drmas.config.schema import DrmasConfig
+from drmas.endpoints import learner_endpoint
+from drmas.metrics import MetricsWriter
+from drmas.process import StopFlag
+from drmas.rollout.episodes import EpisodeRequest, EpisodeResult, EpisodeRunner
+from drmas.tasks.sampler import ProblemSampler
+from drmas.weights import WeightReceiver
+
+log = logging.getLogger(__name__)
+
+_IDLE_SLICE_S = 0.05  # how long one wait for admission or buffer credit lasts before weights are polled again
+
+
+class _Stopped(Exception):
+    """Raised inside the stream's callbacks to leave it at once when the process is asked to stop."""
+
+
+class _Meter:
+    """What happened since the last metrics record."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.start = time.monotonic()
+        self.tokens = 0
+        self.episodes = 0
+        self.idle_s = 0.0
+        self.apply_s: Counter[str] = Counter()
+
+
+class RolloutWorker:
+    def __init__(self, cfg: DrmasConfig, index: int, stop: StopFlag) -> None:
+        from drmas.engines import ENGINES
+
+        self.cfg, self.stop = cfg, stop
+        self.name = f"rollout-{index}"
+        self.incarnation = uuid.uuid4().hex[:8]  # group ids never repeat across restarts of this rollout
+        if cfg.trainer.threads > 0:
+            torch.set_num_threads(cfg.trainer.threads)
+        task = assembly.build_task(cfg)
+        self.sampler = ProblemSampler(task.split("train"), seed=cfg.trainer.seed * 1000 + index)
+        served = sorted({a.model for a in cfg.agents.values()})
+        factory = ENGINES.get(cfg.rollout.engine)
+        self.engines = {
+            m: factory(m, assembly.model_path(cfg, m), cfg.models[m].dtype, cfg.rollout.max_batch_size,
+                       cfg.trainer.seed + index)
+            for m in served
+        }
+        self.trained_agents = assembly.trained_agent_models(cfg)
+        self.receivers = {
+            m: WeightReceiver.from_config(cfg.pipeline.weights, learner_endpoint(cfg, m), self.name,
+                                          self.engines[m].load_weights, model=m)
+            for m in assembly.trained_models(cfg)
+        }
+        self.producer = BufferProducer.from_config(cfg.pipeline.buffer, self.name)
+        self.runner = EpisodeRunner(assembly.build_orchestra(cfg, task), self.engines, assembly.agent_specs(cfg),
+                                    cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds)
+        self.group_size = cfg.rollout.group_size
+        self.target_groups = cfg.pipeline.groups_in_flight or cfg.rollout.prompts_per_step
+        self.open_groups: dict[str, int] = {}  # group id -> episodes not finished yet
+        self.groups_started = 0
+        self.rejected: Counter[str] = Counter()
+        self._next_admission = 0.0
+        self.meter = _Meter()
+        self.writer = MetricsWriter(Path(cfg.trainer.output_dir) / self.name, tensorboard=cfg.logging.tensorboard)
+        self.reports = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Generate until stopped; then leave the learners and close the buffer connection."""
+        for receiver in self.receivers.values():
+            receiver.start()
+        try:
+            self._wait_for_weights()
+            self.meter.reset()
+            self.runner.stream(self._admit, self._publish)
+        except _Stopped:
+            pass
+        finally:
+            self._report()
+            self.writer.close()
+            for receiver in self.receivers.values():
+                receiver.close()
+            self.producer.close()
+
+    def _wait_for_weights(self) -> None:
+        waiting_since = time.monotonic()
+        while any(r.version is None for r in self.receivers.values()):
+            self._poll_weights()
+            if self.stop.wait(_IDLE_SLICE_S):
+                raise _Stopped
+            if time.monotonic() - waiting_since > 10:
+                missing = [f"{m} at {r.endpoint}" for m, r in self.receivers.items() if r.version is None]
+                log.info("waiting for the weights of %s", ", ".join(missing))
+                waiting_since = time.monotonic()
+        log.info("starting on versions %s", {m: r.version for m, r in self.receivers.items()})
+
+    # ---- the stream's callbacks --------------------------------------------------------------------
+    def _between_rounds(self) -> None:
+        if self.stop.is_set():
+            raise _Stopped
+        self._poll_weights()
+
+    def _admit(self, live: int) -> list[EpisodeRequest]:
+        """New episodes for the groups the buffer grants now; waits a slice when there is nothing to run."""
+        if self.stop.is_set():
+            raise _Stopped
+        self._poll_weights()
+        if time.monotonic() - self.meter.start >= self.cfg.pipeline.report_interval_s:
+            self._report()
+        requests = self._admit_groups()
+        if not requests and not live:
+            start = time.monotonic()
+            self.stop.wait(_IDLE_SLICE_S)
+            self.meter.idle_s += time.monotonic() - start
+        return requests
+
+    def _admit_groups(self) -> list[EpisodeRequest]:
+        wanted = self.target_groups - len(self.open_groups)
+        if wanted <= 0 or time.monotonic() < self._next_admission:
+            return []
+        try:
+            granted = self.producer.request_admission(wanted)
+        except TimeoutError as exc:
+            log.warning("%s; retrying", exc)
+            granted = 0
+        if granted < wanted:  # the bound (or the buffer) holds us back: ask again a little later, not every round
+            self._next_admission = time.monotonic() + _IDLE_SLICE_S
+        requests = []
+        for problem in self.sampler.next(granted):
+            group_id = f"{self.name}-{self.incarnation}-g{self.groups_started}"
+            self.groups_started += 1
+            self.open_groups[group_id] = self.group_size
+            requests += [EpisodeRequest(f"{group_id}-e{i}", group_id, problem) for i in range(self.group_size)]
+        return requests
+
+    def _publish(self, result: EpisodeResult) -> None:
+        """Send a finished episode (its trained agents' samples) to the buffer, waiting for credit if needed."""
+        group_id = result.request.group_id
+        self.open_groups[group_id] -= 1
+        if self.open_groups[group_id] == 0:
+            del self.open_groups[group_id]
+        self.meter.tokens += sum(len(s.response_ids) for s in result.samples)
+        self.meter.episodes += 1
+        samples = [s for s in result.samples if s.agent in self.trained_agents]
+        if not samples:
+            log.warning("episode %s has no call of a trained agent: its group cannot complete", result.request.episode_id)
+            return
+        start = time.monotonic()
+        while self.producer.unacked >= self.producer.window:
+            try:
+                self.producer.flush(timeout_s=_IDLE_SLICE_S)
+            except TimeoutError:
+                pass
+            if self.stop.is_set():
+                raise _Stopped
+            self._poll_weights()
+        self.meter.idle_s += time.monotonic() - start
+        self.producer.send_episode(group_id, self.group_size, result.request.episode_id, samples)
+        for rejection in self.producer.pop_rejections():
+            self.rejected[rejection.reason] += 1
+
+    def _poll_weights(self) -> None:
+        for model, receiver in self.receivers.items():
+            if receiver.poll() is not None and receiver.last_apply_s is not None:
+                self.meter.apply_s[model] += receiver.last_apply_s
+
+    # ---- metrics -----------------------------------------------------------------------------------
+    def _report(self) -> None:
+        meter = self.meter
+        elapsed = max(time.monotonic() - meter.start, 1e-9)
+        scalars = {
+            "throughput/rollout/tokens_per_s": meter.tokens / elapsed,
+            "throughput/rollout/episodes_per_s": meter.episodes / elapsed,
+            "idle/rollout": min(meter.idle_s / elapsed, 1.0),
+            "rollout/groups_in_flight": float(len(self.open_groups)),
+            "rollout/groups_started": float(self.groups_started),
+            **{f"rollout/rejected/{reason}": float(n) for reason, n in self.rejected.items()},
+        }
+        for model, engine in self.engines.items():
+            scalars[f"version/{model}"] = float(engine.version)
+        for model in self.receivers:
+            scalars[f"weight_sync/{model}/pause_seconds"] = meter.apply_s[model]
+        self.reports += 1
+        self.writer.log(self.reports, scalars)
+        meter.reset()

@@ -1,0 +1,95 @@
+"""A learner's step batch without processes: group counting, stale drops, and advantages from agent groups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drmas.buffer import AgentGroup
+from drmas.config.schema import AlgorithmConfig
+from drmas.learner.advantage import compute_advantages
+from drmas.learner.batch import GroupCollector, group_advantages
+from drmas.learner.running_stats import AgentRewardStats
+from drmas.process import StopFlag
+from drmas.protocol import Sample
+
+
+def _sample(group: str, episode: str, agent: str, reward: float, version: int = 0) -> Sample:
+    return Sample(episode_id=episode, group_id=group, agent=agent, model="m", turn=0, prompt_ids=[1],
+                  response_ids=[2], behaviour_logprobs=[-1.0], policy_version=version, temperature=1.0,
+                  valid=True, reward=reward)
+
+
+def _part(group: str, agent: str, rewards: dict[str, float], scores: dict[str, float] | None = None,
+          version: int = 0) -> AgentGroup:
+    samples = [_sample(group, e, agent, r, version) for e, r in rewards.items()]
+    return AgentGroup(group_id=group, agent=agent, model="m", samples=samples,
+                      episode_scores=scores or dict(rewards))
+
+
+class FakeConsumer:
+    """Hands out queued parts `max_groups` at a time and records drop reports."""
+
+    def __init__(self, parts: list[AgentGroup]) -> None:
+        self.parts = list(parts)
+        self.pulls: list[int] = []
+        self.reports: list[tuple] = []
+
+    def pull(self, agents, max_groups=1, wait_ms=0):
+        self.pulls.append(max_groups)
+        taken, self.parts = self.parts[:max_groups], self.parts[max_groups:]
+        return taken
+
+    def report_drops(self, agent, group_ids, n_samples, reason):
+        self.reports.append((agent, list(group_ids), n_samples, reason))
+
+
+def test_collector_counts_groups_not_parts_and_drops_stale_parts_whole():
+    parts = [
+        _part("g0", "a", {"e0": 1.0}, version=3),  # lag 2 at version 5: beyond the bound of 1
+        _part("g1", "a", {"e1": 1.0, "e2": 0.0}, version=4), _part("g1", "b", {"e1": 1.0}, version=4),
+        _part("g2", "a", {"e3": 0.0, "e4": 1.0}, version=5), _part("g2", "b", {"e3": 0.0}, version=5),
+        _part("g3", "a", {"e5": 1.0}, version=5),
+    ]
+    consumer = FakeConsumer(parts)
+    collector = GroupCollector(consumer, ["a", "b"], groups_per_step=2, max_staleness=1,
+                               stop=StopFlag(install=False), poll_ms=0)
+    batch = collector.next_batch(version=5)
+    assert consumer.pulls == [4]  # 2 missing groups x 2 agents
+    assert [(p.group_id, p.agent) for p in batch.groups] == [("g1", "a"), ("g1", "b"), ("g2", "a")]
+    assert consumer.reports == [("a", ["g0"], 1, "stale")] and batch.dropped == {"stale": 1}
+    assert len(batch.samples) == 5
+    # g2's other part arrives with the next step: counted again there, so a step never waits for it
+    batch = collector.next_batch(version=6)
+    assert consumer.pulls == [4, 4]
+    assert [(p.group_id, p.agent) for p in batch.groups] == [("g2", "b"), ("g3", "a")] and not batch.dropped
+
+
+def test_collector_returns_none_once_stopped():
+    stop = StopFlag(install=False)
+    collector = GroupCollector(FakeConsumer([]), ["a"], 1, 0, stop, poll_ms=0)
+    stop.set()
+    assert collector.next_batch(0) is None
+
+
+def test_agent_mode_normalises_each_agent_within_its_group():
+    parts = [_part("g1", "a", {"e1": 1.0, "e2": 0.0}), _part("g1", "b", {"e1": 0.5, "e2": 0.3})]
+    samples, adv = group_advantages(parts, AlgorithmConfig(normalization="agent"), AgentRewardStats())
+    expected = compute_advantages([1.0, 0.0, 0.5, 0.3], ["g1"] * 4, ["a", "a", "b", "b"], ["e1", "e2", "e1", "e2"])
+    assert [s.agent for s in samples] == ["a", "a", "b", "b"]
+    np.testing.assert_allclose(adv, expected)
+
+
+def test_global_mode_scores_every_episode_of_the_group_even_those_without_our_agents():
+    # four episodes; this learner's agent only spoke in three of them (e4 belongs to another model's agent)
+    scores = {"e1": 1.0, "e2": 0.0, "e3": 0.0, "e4": 1.0}
+    part = _part("g1", "a", {"e1": 0.9, "e2": 0.1, "e3": 0.2}, scores=scores)
+    samples, adv = group_advantages([part], AlgorithmConfig(normalization="global"), AgentRewardStats())
+    mean, std = 0.5, np.std([1, 0, 0, 1], ddof=1)
+    np.testing.assert_allclose(adv, [(1 - mean) / (std + 1e-6), -mean / (std + 1e-6), -mean / (std + 1e-6)])
+
+
+def test_running_stats_see_every_consumed_reward():
+    stats = AgentRewardStats()
+    group_advantages([_part("g1", "a", {"e1": 1.0, "e2": 0.0})], AlgorithmConfig(), stats)
+    assert stats.count("a") == 2 and stats.mean("a") == pytest.approx(0.5)

@@ -1,0 +1,193 @@
+"""The asynchronous pipeline as real processes: drmas-buffer, drmas-learner and drmas-rollout on 127.0.0.1.
+
+Each process is started with `sys.executable -m ...` in a session of its own and SIGKILLed (whole process
+group) in `finally` whatever happens. What the test asserts is read back from the metrics.jsonl files the
+processes wrote, the same records TensorBoard shows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from drmas import assembly
+from drmas.config import load_config
+from drmas.endpoints import EndpointError, learner_address, learner_endpoint, require_fixed
+from drmas.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "configs" / "smoke.yaml"
+MAX_STALENESS = 1
+STEPS = 3
+BUDGET_S = 90  # the whole pipeline, from starting the processes to their clean exit
+
+# Building the primed smoke model takes minutes on 2 cores when the session cache is cold; the budget
+# above is checked separately, so the timeout only has to cover that one-off build as well.
+pytestmark = pytest.mark.timeout(420)
+
+
+@pytest.fixture(scope="module")
+def smoke_model() -> Path:
+    """Build the smoke model in the session cache before any child process needs it."""
+    return assembly.model_path(load_config(SMOKE), "policy")
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct ports free right now (held open together so they differ)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class Processes:
+    """Child processes of one test, each in its own session so its whole group can be killed."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, module: str, *args: str) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "wb")
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
+                                cwd=ROOT, start_new_session=True)
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def stop(self, name: str, timeout: float) -> int:
+        """SIGTERM (a clean stop) and the exit code; SIGKILL and fail if it does not come in time."""
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name} ignored SIGTERM for {timeout}s\n{self.tail(name)}")
+
+    def tail(self, name: str, lines: int = 30) -> str:
+        text = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
+        return f"--- {name} ---\n" + "\n".join(text[-lines:])
+
+    def tails(self) -> str:
+        return "\n".join(self.tail(name) for name in self.procs)
+
+    def kill_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait(10)
+
+
+def _overrides(out: Path, max_staleness: int, steps: int) -> list[str]:
+    producer_port, consumer_port, weight_port = _free_ports(3)
+    return [
+        f"trainer.output_dir={out}", f"trainer.steps={steps}", "trainer.threads=1", "logging.tensorboard=false",
+        f"pipeline.max_staleness={max_staleness}", "pipeline.report_interval_s=0.5",
+        f"pipeline.buffer.producer_endpoint=tcp://127.0.0.1:{producer_port}",
+        f"pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:{consumer_port}",
+        f"pipeline.learner_ports={{policy: {weight_port}}}",
+        "pipeline.weights.timeout_s=10", "pipeline.weights.ready_timeout_s=10", "pipeline.weights.join_retry_s=0.2",
+        "pipeline.weights.heartbeat_s=0.25", "pipeline.weights.peer_timeout_s=3",
+    ]
+
+
+def _learn(procs: Processes, name: str, overrides: list[str], deadline: float) -> None:
+    learner = procs.start(name, "drmas.learner.main", "--config", str(SMOKE), "--model", "policy", *overrides)
+    try:
+        assert learner.wait(max(deadline - time.monotonic(), 1)) == 0, procs.tails()
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{name} did not finish in time\n{procs.tails()}")
+
+
+def _check_buffer_accounting(out: Path, learner_steps: list[dict], version: int) -> None:
+    buffer = read_metrics(out / "buffer" / "metrics.jsonl")
+    for r in buffer:  # nothing silently lost, at every report
+        dropped = sum(v for k, v in r.items() if k.startswith("buffer/dropped/"))
+        assert r["buffer/received_samples"] == r["buffer/delivered_samples"] + dropped + r["buffer/held_samples"]
+    final = buffer[-1]
+    learner_dropped = sum(v for k, v in final.items() if k.startswith("buffer/learner_dropped/"))
+    assert final["buffer/delivered_samples"] == sum(r["samples/policy"] for r in learner_steps) + learner_dropped
+    assert final["buffer/version/policy"] == version
+
+
+def test_processes_train_within_the_staleness_bound_and_a_restarted_learner_resumes(tmp_path, smoke_model):
+    out = tmp_path / "run"
+    overrides = _overrides(out, MAX_STALENESS, STEPS)
+    procs = Processes(tmp_path)
+    start = time.monotonic()
+    try:
+        procs.start("buffer", "drmas.buffer.main", "--config", str(SMOKE), *overrides)
+        procs.start("rollout", "drmas.rollout.main", "--config", str(SMOKE), "--index", "0", *overrides)
+        _learn(procs, "learner", overrides, start + BUDGET_S - 30)  # the rollout waits for its learner
+        # a new learner process resumes from the checkpoint while buffer and rollout keep running
+        _learn(procs, "learner-resumed", [*overrides, f"trainer.steps={STEPS + 1}", "trainer.resume=true"],
+               start + BUDGET_S - 10)
+        assert procs.stop("rollout", 10) == 0, procs.tails()
+        assert procs.stop("buffer", 10) == 0, procs.tails()
+        elapsed = time.monotonic() - start
+    finally:
+        procs.kill_all()
+    assert elapsed < BUDGET_S
+
+    steps = read_metrics(out / "learner-policy" / "metrics.jsonl")
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 2))  # the resumed learner continued the numbering
+    assert [r["version/policy"] for r in steps] == list(range(1, STEPS + 2))
+    for r in steps:
+        assert math.isfinite(r["loss/policy"]) and math.isfinite(r["grad_norm/policy"])
+        assert 0 < r["ess/policy"] <= 1 and 0 <= r["idle/policy"] <= 1 and r["throughput/policy/samples_per_s"] > 0
+        assert r["weight_sync/policy/receivers"] == 1  # the rollout got every version, also after the restart
+        for agent in ("solver", "verifier"):
+            assert 0 <= r[f"staleness/{agent}/mean"] <= r[f"staleness/{agent}/max"] <= MAX_STALENESS
+            assert {f"reward/{agent}/mean", f"advantage/{agent}/sq_mean", f"valid/{agent}"} <= set(r)
+    for version in (STEPS, STEPS + 1):
+        assert (out / "learner-policy" / "checkpoints" / f"step_{version}" / "COMPLETE").exists()
+
+    rollout = read_metrics(out / "rollout-0" / "metrics.jsonl")
+    assert max(r["version/policy"] for r in rollout) == STEPS + 1  # new weights were swapped in
+    assert max(r["throughput/rollout/tokens_per_s"] for r in rollout) > 0
+    _check_buffer_accounting(out, steps, STEPS + 1)
+
+
+def test_max_staleness_zero_trains_strictly_on_policy(tmp_path, smoke_model):
+    out = tmp_path / "run"
+    overrides = _overrides(out, 0, 2)
+    procs = Processes(tmp_path)
+    try:
+        procs.start("buffer", "drmas.buffer.main", "--config", str(SMOKE), *overrides)
+        procs.start("rollout", "drmas.rollout.main", "--config", str(SMOKE), *overrides)
+        _learn(procs, "learner", overrides, time.monotonic() + BUDGET_S)
+        assert procs.stop("rollout", 10) == 0 and procs.stop("buffer", 10) == 0, procs.tails()
+    finally:
+        procs.kill_all()
+    steps = read_metrics(out / "learner-policy" / "metrics.jsonl")
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r[f"staleness/{agent}/max"] == 0 for r in steps for agent in ("solver", "verifier"))
+    _check_buffer_accounting(out, steps, 2)
+
+
+def test_endpoints_follow_the_config_and_port_zero_is_refused_outside_the_launcher():
+    cfg = load_config(SMOKE, ["models.judge={builtin: tiny}", "agents.verifier.model=judge",
+                              "pipeline.learner_base_port=7000", "pipeline.learner_hosts={judge: 10.0.0.2}"])
+    assert learner_address(cfg, "policy") == ("127.0.0.1", 7000)
+    assert learner_endpoint(cfg, "judge") == "tcp://10.0.0.2:7001"
+    require_fixed(cfg, buffer=True, learners=["policy", "judge"])
+    cfg = load_config(SMOKE, ["pipeline.learner_base_port=0", "pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:0"])
+    with pytest.raises(EndpointError, match="pipeline.buffer.consumer_endpoint"):
+        require_fixed(cfg, buffer=True)
+    with pytest.raises(EndpointError, match="policy"):
+        require_fixed(cfg, learners=["policy"])
