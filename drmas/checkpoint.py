@@ -81,6 +81,13 @@ def load_run_state(ckpt: Path) -> dict:
     return state
 
 
+def seed_everything(seed: int) -> None:
+    """Seed Python, numpy and torch at the start of a process (the state saved below continues from it)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 

@@ -8,7 +8,6 @@ rollout engine would.
 
 from __future__ import annotations
 
-import random
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -38,7 +37,7 @@ class ColocatedRun:
         self.out.mkdir(parents=True, exist_ok=True)
         if cfg.trainer.threads > 0:
             torch.set_num_threads(cfg.trainer.threads)
-        _seed_everything(cfg.trainer.seed)
+        checkpoint.seed_everything(cfg.trainer.seed)
         self.task = assembly.build_task(cfg)
         self.orchestra = assembly.build_orchestra(cfg, self.task)
         self.sampler = ProblemSampler(self.task.split("train"), cfg.trainer.seed)
@@ -177,12 +176,6 @@ class ColocatedRun:
             elif key.endswith("/sq_mean"):
                 out[key] = float(np.mean(values))
         return out
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def _progress(cfg: DrmasConfig, initial: int):

@@ -14,7 +14,6 @@ so learners of different models never share a file and a restarted learner resum
 from __future__ import annotations
 
 import logging
-import random
 import time
 from pathlib import Path
 
@@ -48,7 +47,7 @@ class LearnerWorker:
         self.out.mkdir(parents=True, exist_ok=True)
         if cfg.trainer.threads > 0:
             torch.set_num_threads(cfg.trainer.threads)
-        _seed_everything(cfg.trainer.seed)
+        checkpoint.seed_everything(cfg.trainer.seed)
         self.agents = assembly.trained_agents(cfg, model_id)
         mcfg = cfg.models[model_id]
         self.model, self.tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype)
@@ -167,9 +166,3 @@ class LearnerWorker:
         self.stats.load_state_dict(state["stats"])
         log.info("resumed from %s at version %d", ckpt, self.version)
         return True
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
