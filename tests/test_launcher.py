@@ -103,3 +103,18 @@ def test_launcher_stops_everything_when_a_child_dies(tmp_path, smoke_model):
     assert "rollout-0 exited with code -9: stopping the run" in output
     assert all(_gone(pid) for pid in _pids(output).values()), output[-3000:]
     assert (out / "learner-policy" / "checkpoints").is_dir()  # the learner was stopped cleanly and saved
+
+
+def test_smoke_async_config_trains_two_models_with_two_rollouts(tmp_path):
+    """configs/smoke_async.yaml: solver and verifier on separate models, so one learner each."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke_async.yaml"),
+               f"trainer.output_dir={out}", *ASYNC]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert set(_pids(done.stdout)) == {"buffer", "learner-solver_model", "learner-verifier_model",
+                                       "rollout-0", "rollout-1"}
+    for model, agent in (("solver_model", "solver"), ("verifier_model", "verifier")):
+        records = read_metrics(out / f"learner-{model}" / "metrics.jsonl")
+        assert [r["step"] for r in records] == [1, 2, 3]
+        assert all(r[f"staleness/{agent}/max"] <= 1 for r in records)  # pipeline.max_staleness=1
