@@ -191,3 +191,38 @@ def test_endpoints_follow_the_config_and_port_zero_is_refused_outside_the_launch
         require_fixed(cfg, buffer=True)
     with pytest.raises(EndpointError, match="policy"):
         require_fixed(cfg, learners=["policy"])
+
+
+def test_bad_messages_to_a_running_buffer_are_counted_and_training_goes_on(tmp_path, smoke_model):
+    """Random bytes, a wrong schema and an oversized message hit the live buffer from a rogue client; the
+    buffer rejects and counts each, and the rollout and learner train through it."""
+    import msgspec
+    import zmq
+
+    out = tmp_path / "run"
+    overrides = [*_overrides(out, 1, 2), "pipeline.buffer.max_message_bytes=200000"]
+    producer = next(o.split("=", 1)[1] for o in overrides if o.startswith("pipeline.buffer.producer_endpoint="))
+    procs = Processes(tmp_path)
+    context = zmq.Context()
+    rogue = context.socket(zmq.DEALER)
+    rogue.setsockopt(zmq.LINGER, 0)
+    try:
+        procs.start("buffer", "drmas.buffer.main", "--config", str(SMOKE), *overrides)
+        rogue.connect(producer)
+        for payload in (os.urandom(512), msgspec.msgpack.encode({"type": "Episode", "nonsense": [1, 2]}),
+                        b"\x00" * 300_000):
+            rogue.send(payload)
+        procs.start("rollout", "drmas.rollout.main", "--config", str(SMOKE), *overrides)
+        _learn(procs, "learner", overrides, time.monotonic() + BUDGET_S)
+        assert procs.stop("rollout", 10) == 0 and procs.stop("buffer", 10) == 0, procs.tails()
+    finally:
+        rogue.close()
+        context.term()
+        procs.kill_all()
+    steps = read_metrics(out / "learner-policy" / "metrics.jsonl")
+    assert [r["step"] for r in steps] == [1, 2]
+    final = read_metrics(out / "buffer" / "metrics.jsonl")[-1]
+    rejected = {k.removeprefix("buffer/rejected/"): v for k, v in final.items() if k.startswith("buffer/rejected/")}
+    assert rejected.get("oversized", 0) >= 1, rejected
+    assert sum(rejected.values()) >= 3, rejected
+    _check_buffer_accounting(out, steps, 2)
