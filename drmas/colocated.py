@@ -51,6 +51,7 @@ class ColocatedRun:
                                          assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
                                          cfg.algorithm.invalid_penalty, seed=seed)
         self.step = 0
+        self.saved_step: int | None = None  # step of the newest checkpoint written or resumed from
         self.history: dict[str, list[float]] = defaultdict(list)
         self.accuracy: dict[str, float] = {}
 
@@ -63,9 +64,10 @@ class ColocatedRun:
             factory = ENGINES.get(self.cfg.rollout.engine)
             self.engines[model_id] = factory(model_id, path, mcfg.dtype, self.cfg.rollout.max_batch_size,
                                              self.cfg.trainer.seed)
-            if mcfg.trainable and assembly.trained_agents(self.cfg, model_id):
+            agents = assembly.trained_agents(self.cfg, model_id)
+            if mcfg.trainable and agents:
                 model, tokenizer = load_model(path, dtype=mcfg.dtype)
-                weights = {n: self.cfg.agents[n].loss_weight for n in assembly.trained_agents(self.cfg, model_id)}
+                weights = {n: self.cfg.agents[n].loss_weight for n in agents}
                 self.trainers[model_id] = PolicyTrainer(model_id, model, mcfg.optim, self.cfg.algorithm, weights)
                 self.tokenizers[model_id] = tokenizer
 
@@ -75,7 +77,9 @@ class ColocatedRun:
         states = {m: t.state_dict() for m, t in self.trainers.items()}
         run_state = {"step": self.step, "stats": self.stats.state_dict(), "sampler": self.sampler.state_dict(),
                      "accuracy": self.accuracy, "history": self.history}
-        return checkpoint.save_checkpoint(self.out, self.step, models, states, run_state)
+        path = checkpoint.save_checkpoint(self.out, self.step, models, states, run_state)
+        self.saved_step = self.step
+        return path
 
     def resume(self) -> bool:
         ckpt = checkpoint.latest_checkpoint(self.out)
@@ -85,7 +89,7 @@ class ColocatedRun:
             checkpoint.load_model_weights(ckpt, model_id, trainer.model)
             trainer.load_state_dict(checkpoint.load_trainer_state(ckpt, model_id))
         state = checkpoint.load_run_state(ckpt)
-        self.step = int(state["step"])
+        self.step = self.saved_step = int(state["step"])
         self.stats.load_state_dict(state["stats"])
         self.sampler.load_state_dict(state["sampler"])
         self.accuracy = state.get("accuracy", {})
@@ -122,7 +126,7 @@ class ColocatedRun:
             self.accuracy["after"] = heldout_accuracy(self.eval_runner, test, "after")["accuracy"]
             writer.log(self.step, {"eval/accuracy_after": self.accuracy["after"]})
         writer.close()
-        if self.trainers and not (cfg.trainer.checkpoint_interval and self.step % cfg.trainer.checkpoint_interval == 0):
+        if self.trainers and self.saved_step != self.step:
             self.save()
         return self.summary()
 
