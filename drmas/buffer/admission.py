@@ -108,6 +108,13 @@ class AdmissionController:
         self.expired_total += returned
         return returned
 
+    def release_producer(self, producer: str) -> int:
+        """Return every lease unit `producer` still holds (it disconnected); returns how many."""
+        returned = sum(lease.units for lease in self._leases.pop(producer, ()))
+        self.running -= returned
+        self.expired_total += returned
+        return returned
+
     # ---- group outcomes ---------------------------------------------------------------------------
 
     def on_complete(self, models: Iterable[str], leased: bool) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -27,6 +28,7 @@ from drmas.buffer.messages import (
     DropReport,
     EpisodeMsg,
     GroupBatchView,
+    Heartbeat,
     MessageError,
     Pull,
     Stats,
@@ -83,6 +85,9 @@ class _Client:
             self._socket.curve_publickey = curve.public
             self._socket.curve_serverkey = curve.server_public
         self._socket.connect(endpoint)
+        self.buffer_instance: Optional[str] = None  # the buffer process answering us (see `_on_restart`)
+        self.buffer_restarts = 0
+        self.last_reply_at = time.monotonic()
 
     def _send(self, message: object) -> None:
         try:
@@ -100,9 +105,35 @@ class _Client:
                 return None
             data = self._socket.recv()
             try:
-                return decode_client_reply(data)
+                reply = decode_client_reply(data)
             except MessageError as exc:  # a newer buffer, or corruption: skip, but say so
                 log.warning("ignoring an undecodable reply from %s: %s", self.endpoint, exc)
+                continue
+            self.last_reply_at = time.monotonic()
+            instance = getattr(reply, "instance", "")
+            if instance and instance != self.buffer_instance:
+                if self.buffer_instance is not None:
+                    self.buffer_restarts += 1
+                    log.warning("trajectory buffer at %s restarted (%s -> %s)", self.endpoint,
+                                self.buffer_instance, instance)
+                    self.buffer_instance = instance
+                    self._on_restart()
+                self.buffer_instance = instance
+            return reply
+
+    def _on_restart(self) -> None:
+        """The buffer process was replaced and kept nothing of ours; subclasses drop what waits on it."""
+
+    def probe(self, timeout_s: Optional[float] = None) -> bool:
+        """Ask for the buffer's stats just to hear from it (notices a restart); False if it did not answer."""
+        saved, self.timeout_s = self.timeout_s, timeout_s or self.timeout_s
+        try:
+            self.stats()
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.timeout_s = saved
 
     def _request(self, message: object, seq: int, extra_wait_s: float = 0.0) -> ClientReply:
         """Send `message` and return the reply carrying `seq`; other messages go to `_on_unmatched`."""
@@ -161,19 +192,30 @@ class BufferProducer(_Client):
         timeout_s: float = 30.0,
         curve: Optional[CurveClientKeys] = None,
         context: Optional[zmq.Context] = None,
+        heartbeat_s: Optional[float] = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         super().__init__(endpoint, timeout_s, curve, context)
         self.producer_id = producer_id
+        self._heartbeat = None
+        if heartbeat_s is not None:
+            self._heartbeat = _Heartbeat(endpoint, producer_id, heartbeat_s, curve, context)
         self.window = window
         self.rejections: list[Rejection] = []
         self._unacked: dict[int, str] = {}  # seq -> episode_id
+        self.lost_episodes = 0  # unacknowledged when the buffer restarted
 
     @classmethod
     def from_config(cls, config: BufferConfig, producer_id: str, **overrides) -> "BufferProducer":
-        options = dict(window=config.window, timeout_s=config.request_timeout_s, curve=config.client_curve())
+        options = dict(window=config.window, timeout_s=config.request_timeout_s, curve=config.client_curve(),
+                       heartbeat_s=config.producer_timeout_s / 5)
         return cls(config.producer_endpoint, producer_id, **{**options, **overrides})
+
+    def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        super().close()
 
     @property
     def unacked(self) -> int:
@@ -222,6 +264,13 @@ class BufferProducer(_Client):
                 )
             self._on_unmatched(reply)
 
+    def _on_restart(self) -> None:
+        """Episodes the old buffer never acknowledged are gone with it: stop waiting for their acks and
+        count them (`lost_episodes`); the groups they belonged to cannot complete and are dropped as
+        incomplete by the new buffer, so nothing is trained on a partial group."""
+        self.lost_episodes += len(self._unacked)
+        self._unacked.clear()
+
     def _on_unmatched(self, reply: ClientReply) -> None:
         if not isinstance(reply, Ack):
             return super()._on_unmatched(reply)
@@ -230,6 +279,46 @@ class BufferProducer(_Client):
             log.warning("trajectory buffer at %s refused episode %s: %s %s", self.endpoint, episode_id,
                         reply.reason, reply.detail)
             self.rejections.append(Rejection(reply.seq, episode_id, reply.reason, reply.detail))
+
+
+class _Heartbeat:
+    """Tells the buffer every `interval_s` that a producer lives, from a thread and socket of its own, so
+    a rollout busy in a long generation round is not taken for dead (see `BufferConfig.producer_timeout_s`)."""
+
+    def __init__(self, endpoint: str, producer_id: str, interval_s: float, curve: Optional[CurveClientKeys],
+                 context: Optional[zmq.Context]) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"heartbeat interval must be > 0, got {interval_s}")
+        self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, 4)  # never pile up beats for an unreachable buffer
+        if curve is not None:
+            self._socket.curve_secretkey = curve.secret
+            self._socket.curve_publickey = curve.public
+            self._socket.curve_serverkey = curve.server_public
+        self._socket.connect(endpoint)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(producer_id, interval_s),
+                                        name=f"heartbeat-{producer_id}", daemon=True)
+        self._thread.start()
+
+    def _run(self, producer_id: str, interval_s: float) -> None:
+        seq = 0
+        try:
+            while True:
+                try:
+                    self._socket.send(encode_message(Heartbeat(seq=seq, producer=producer_id)), zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # buffer unreachable right now; the next beat tries again
+                seq += 1
+                if self._stop.wait(interval_s):
+                    return
+        finally:
+            self._socket.close(linger=0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
 
 
 class BufferConsumer(_Client):
@@ -245,6 +334,8 @@ class BufferConsumer(_Client):
     ) -> None:
         super().__init__(endpoint, timeout_s, curve, context)
         self._backlog: list[AgentGroup] = []  # late answers to pulls that timed out here
+        self._versions: dict[str, int] = {}  # model -> last version reported (re-sent to a restarted buffer)
+        self._resync = False
         self._invalid: list[tuple[str, str, int]] = []  # (agent, group_id, n_samples) not yet reported
 
     @classmethod
@@ -271,10 +362,15 @@ class BufferConsumer(_Client):
         assert isinstance(reply, GroupBatchView), reply
         groups = self._open(reply)
         self._report_invalid()
+        if self._resync:
+            self._resync = False
+            for model, version in self._versions.items():
+                self.report_version(model, version)
         return groups
 
     def report_version(self, model: str, version: int) -> None:
         """Publish this learner's policy version (admission and the stale-drop rule follow it)."""
+        self._versions[model] = version
         seq = next(self._seq)
         self._request(VersionUpdate(seq=seq, model=model, version=version), seq)
 
@@ -283,6 +379,11 @@ class BufferConsumer(_Client):
         seq = next(self._seq)
         self._request(DropReport(seq=seq, agent=agent, group_ids=list(group_ids), n_samples=n_samples,
                                  reason=reason), seq)
+
+    def _on_restart(self) -> None:
+        """A restarted buffer believes every model is at version 0 (admitting too much, dropping nothing as
+        stale): tell it our versions again right after the current request."""
+        self._resync = True
 
     def _open(self, batch: GroupBatchView) -> list[AgentGroup]:
         """Decode each delivered group on its own; a group with a bad sample is set aside for reporting."""

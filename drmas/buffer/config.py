@@ -8,6 +8,7 @@ config only names key files, and the files are read where the sockets are made.
 from __future__ import annotations
 
 import ipaddress
+import logging
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -52,6 +53,12 @@ class BufferConfig:
     lease_timeout_s: float = _f(
         600.0, "Admitted groups that have not started arriving after this long are returned to the budget."
     )
+    producer_timeout_s: float = _f(
+        15.0,
+        "A producer (rollout) silent for this long is taken for dead: its admitted groups return to the "
+        "staleness budget and its unfinished groups are dropped ('producer_gone'). Rollouts heartbeat every "
+        "producer_timeout_s / 5 from a thread of their own.",
+    )
     max_running_groups: Optional[int] = _f(
         None, "Cap on admitted groups generating at once, across all producers (null = only the staleness bound)."
     )
@@ -75,6 +82,7 @@ class BufferConfig:
     def validate(self) -> None:
         """Fail early, naming the field, instead of deep inside socket setup."""
         positive = ("capacity_samples", "max_message_bytes", "window", "incomplete_timeout_s", "lease_timeout_s",
+                    "producer_timeout_s",
                     "request_timeout_s")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -164,3 +172,24 @@ def is_local_endpoint(endpoint: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def start_curve_authenticator(context: zmq.Context, allowed_clients: frozenset[bytes]):
+    """Start ZeroMQ's ZAP handler on `context` so CURVE servers there admit only `allowed_clients`."""
+    import zmq.auth.thread
+
+    auth = zmq.auth.thread.ThreadAuthenticator(context, log=logging.getLogger("drmas.curve"))
+    auth.start()
+    auth.configure_curve_callback("*", credentials_provider=_AllowList(allowed_clients))
+    return auth
+
+
+class _AllowList:
+    """ZAP credentials provider: a client may connect only with one of the allowed public keys."""
+
+    def __init__(self, allowed: frozenset[bytes]) -> None:
+        self._allowed = allowed
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self._allowed
+

@@ -109,6 +109,14 @@ class StatsRequest(_Message):
     seq: int
 
 
+class Heartbeat(_Message):
+    """A producer is alive (sent by its heartbeat thread; never answered). A producer silent for
+    `producer_timeout_s` is taken for dead: its admitted groups and unfinished groups are released."""
+
+    seq: int
+    producer: str
+
+
 # ---- buffer -> clients --------------------------------------------------------------------------
 
 
@@ -119,6 +127,7 @@ class Ack(_Message):
     accepted: bool
     reason: str = ""
     detail: str = ""
+    instance: str = ""  # the answering buffer process (a new value means it restarted and lost state)
 
 
 class AdmitReply(_Message):
@@ -127,6 +136,7 @@ class AdmitReply(_Message):
     seq: int
     granted: int
     versions: dict[str, int] = {}
+    instance: str = ""  # the answering buffer process (a new value means it restarted and lost state)
 
 
 class AgentGroup(msgspec.Struct, kw_only=True):
@@ -148,6 +158,7 @@ class GroupBatch(_Message):
 
     seq: int
     groups: list[AgentGroup]
+    instance: str = ""  # the answering buffer process (a new value means it restarted and lost state)
 
 
 class Stats(_Message):
@@ -174,10 +185,11 @@ class Stats(_Message):
     running_groups: int = 0  # admitted (leased) groups not complete yet
     granted_groups: int = 0
     expired_lease_groups: int = 0
+    instance: str = ""  # the answering buffer process (a new value means it restarted and lost state)
 
 
 Message = Union[
-    EpisodeMsg, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Ack, AdmitReply, GroupBatch, Stats
+    EpisodeMsg, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat, Ack, AdmitReply, GroupBatch, Stats
 ]
 
 # ---- buffer-side zero-copy views (same tags, samples left as validated raw msgpack) ----------------
@@ -209,6 +221,7 @@ class GroupBatchView(_Message, tag="GroupBatch"):
 
     seq: int
     groups: list[AgentGroupView]
+    instance: str = ""  # the answering buffer process (a new value means it restarted and lost state)
 
 
 class SampleHeader(msgspec.Struct, kw_only=True):
@@ -223,7 +236,7 @@ class SampleHeader(msgspec.Struct, kw_only=True):
     reward: float = 0.0
 
 
-BufferRequest = Union[EpisodeView, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest]
+BufferRequest = Union[EpisodeView, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat]
 ClientReply = Union[Ack, AdmitReply, GroupBatchView, Stats]
 
 

@@ -27,6 +27,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Union
@@ -36,7 +37,7 @@ import zmq
 import zmq.auth.thread
 
 from drmas.buffer.admission import AdmissionController
-from drmas.buffer.config import BufferConfig, CurveKeys, is_local_endpoint
+from drmas.buffer.config import BufferConfig, CurveKeys, is_local_endpoint, start_curve_authenticator
 from drmas.buffer.messages import (
     REJECT_UNEXPECTED,
     Ack,
@@ -51,6 +52,7 @@ from drmas.buffer.messages import (
     SampleHeader,
     Stats,
     StatsRequest,
+    Heartbeat,
     VersionUpdate,
     decode_buffer_request,
     encode_message,
@@ -91,16 +93,6 @@ class _ParkedPull:
     deadline: float
 
 
-class _AllowList:
-    """ZAP credentials provider: a client may connect only with one of the allowed public keys."""
-
-    def __init__(self, allowed: frozenset[bytes]) -> None:
-        self._allowed = allowed
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        return key in self._allowed
-
-
 class TrajectoryBuffer:
     """Per-agent queues of complete GRPO groups behind two ZeroMQ ROUTER sockets.
 
@@ -136,6 +128,9 @@ class TrajectoryBuffer:
                 )
         self._agent_models = dict(agent_models or {})
         self._clock = clock
+        # Stamped on every reply: clients that see it change know this buffer restarted and forgot what
+        # they had sent before (unacknowledged episodes, reported versions) and recover instead of waiting.
+        self.instance = uuid.uuid4().hex[:12]
         self._store = GroupStore()
         self._admission = AdmissionController(
             self._agent_models, groups_per_step or {}, max_staleness, config.max_running_groups, config.lease_timeout_s
@@ -143,6 +138,7 @@ class TrajectoryBuffer:
         self._rejected: Counter[str] = Counter()
         self._reported_drops: Counter[str] = Counter()
         self._parked_acks: deque[_ParkedAck] = deque()
+        self._producer_seen: dict[str, float] = {}  # producer id -> when it last sent anything
         self._parked_pulls: list[_ParkedPull] = []
         self._new_groups = False
         self._lock = threading.Lock()
@@ -170,22 +166,24 @@ class TrajectoryBuffer:
     def _start_auth(self) -> None:
         if self._curve is None:
             return
-        self._auth = zmq.auth.thread.ThreadAuthenticator(self._context, log=logging.getLogger("drmas.buffer.auth"))
-        self._auth.start()
-        self._auth.configure_curve_callback("*", credentials_provider=_AllowList(self._curve.allowed_clients))
+        self._auth = start_curve_authenticator(self._context, self._curve.allowed_clients)
 
     def _bind(self, endpoint: str) -> zmq.Socket:
         sock = self._context.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes * _HARD_SIZE_FACTOR)
-        if self._curve is not None:
-            sock.curve_server = True
-            sock.curve_publickey = self._curve.public
-            sock.curve_secretkey = self._curve.secret
-        if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
-            endpoint = endpoint[:-2] + ":*"
-        sock.bind(endpoint)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes * _HARD_SIZE_FACTOR)
+            if self._curve is not None:
+                sock.curve_server = True
+                sock.curve_publickey = self._curve.public
+                sock.curve_secretkey = self._curve.secret
+            if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
+                endpoint = endpoint[:-2] + ":*"
+            sock.bind(endpoint)
+        except BaseException:
+            sock.close(linger=0)  # an open socket would make the context's term() in cleanup wait forever
+            raise
         return sock
 
     @property
@@ -303,6 +301,7 @@ class TrajectoryBuffer:
 
     def _send(self, sock: zmq.Socket, identity: bytes, message: object) -> bool:
         """Send without blocking; False when the peer is gone or not reading (the caller recovers)."""
+        message.instance = self.instance  # type: ignore[attr-defined]
         try:
             sock.send_multipart([identity, encode_message(message)], zmq.NOBLOCK)
             return True
@@ -312,7 +311,28 @@ class TrajectoryBuffer:
 
     # ---- producer side ----------------------------------------------------------------------------
 
+    def _release_silent_producers(self, now: float) -> None:
+        """Release what producers silent for `producer_timeout_s` held: their processes are gone (a rollout
+        heartbeats from a thread of its own, also while it generates), so their admitted groups would
+        otherwise block the staleness budget and their unfinished groups could never complete."""
+        timeout = self.config.producer_timeout_s
+        for producer in [p for p, seen in self._producer_seen.items() if now - seen > timeout]:
+            del self._producer_seen[producer]
+            groups = self._store.abandon_producer(producer)
+            for group in groups:
+                self._admission.on_abandoned(group.leased)
+            leases = self._admission.release_producer(producer)
+            if groups or leases:
+                log.warning("buffer: producer %s silent for %.0f s: dropped %d unfinished groups (%d samples), "
+                            "released %d admitted groups", producer, timeout, len(groups),
+                            sum(g.n_samples for g in groups), leases)
+
     def _handle_producer(self, identity: bytes, message: object) -> None:
+        producer = getattr(message, "producer", None)
+        if producer is not None:
+            self._producer_seen[producer] = self._clock()
+        if isinstance(message, Heartbeat):
+            return
         if isinstance(message, EpisodeView):
             self._on_episode(identity, message)
         elif isinstance(message, AdmitRequest):
@@ -421,6 +441,7 @@ class TrajectoryBuffer:
                         group.n_samples)
             self._admission.on_abandoned(group.leased)
         self._admission.expire(now)
+        self._release_silent_producers(now)
         self._serve_parked_pulls(now)
         self._release_parked_acks()
 
@@ -474,6 +495,7 @@ class TrajectoryBuffer:
     def _snapshot(self, seq: int) -> Stats:
         store, admission = self._store, self._admission
         return Stats(
+            instance=self.instance,
             seq=seq,
             capacity_samples=self.config.capacity_samples,
             samples_in_buffer=store.held_samples,

@@ -22,6 +22,7 @@ REFUSE_SIZE_MISMATCH = "group_size_mismatch"
 REFUSE_LATE = "late_episode"
 REFUSE_DISCARDED = "group_discarded"
 DROP_INCOMPLETE = "incomplete_group"
+DROP_PRODUCER_GONE = "producer_gone"
 
 
 class EpisodeRefused(Exception):
@@ -279,12 +280,21 @@ class GroupStore:
             group = next(iter(self._pending.values()))
             if now - group.last_activity < timeout_s:
                 break
-            del self._pending[group.group_id]
-            self._closed.close(group.group_id, DROP_INCOMPLETE)
-            self.held_samples -= group.n_samples
-            self.ledger.record(DROP_INCOMPLETE, group.n_samples)
-            abandoned.append(AbandonedGroup(group.group_id, group.producer, group.leased, group.n_samples))
+            abandoned.append(self._drop_pending(group, DROP_INCOMPLETE))
         return abandoned
+
+    def abandon_producer(self, producer: str) -> list[AbandonedGroup]:
+        """Drop the pending groups `producer` was filling: it is gone, so they can never complete."""
+        gone = [g for g in self._pending.values() if g.producer == producer]
+        return [self._drop_pending(group, DROP_PRODUCER_GONE) for group in gone]
+
+    def _drop_pending(self, group: _PendingGroup, reason: str) -> AbandonedGroup:
+        """Forget a pending group for good (late episodes of it are refused), counting its samples."""
+        del self._pending[group.group_id]
+        self._closed.close(group.group_id, reason)
+        self.held_samples -= group.n_samples
+        self.ledger.record(reason, group.n_samples)
+        return AbandonedGroup(group.group_id, group.producer, group.leased, group.n_samples)
 
     # ---- views ------------------------------------------------------------------------------------
 

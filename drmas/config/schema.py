@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from drmas.buffer.config import BufferConfig
+from drmas.retrieval.config import RetrievalConfig
 from drmas.weights.config import WeightSyncConfig
 
 
@@ -70,16 +71,25 @@ class AgentConfig:
 
 @dataclass
 class SystemConfig:
-    name: str = _f("math", "Registered multi-agent system (orchestra): 'math'.")
+    name: str = _f("math", "Registered multi-agent system (orchestra): 'math' or 'search'.")
     max_rounds: int = _f(2, "Math: solver/verifier rounds K; the verifier is skipped in the last round.")
     malformed_verdict: str = _f(
         "approve", "Math: how a verifier output without a <verify> verdict counts: approve (reference) or reject."
     )
+    max_turns: int = _f(4, "Search: verifier-routed turns; the search agent is skipped on the last turn.")
+    history_max_chars: int = _f(
+        2000, "Search: most characters of the query/passage history shown to the agents (the newest are kept)."
+    )
+    reward_metric: str = _f("em", "Search: task reward of the final answer, 'em' (exact match) or 'f1' (token F1).")
 
 
 @dataclass
 class TaskConfig:
-    name: str = _f("arithmetic", "Registered task: 'arithmetic' (generated) or 'math_file' (jsonl/parquet files).")
+    name: str = _f(
+        "arithmetic",
+        "Registered task: 'arithmetic' (generated math), 'math_file' (math jsonl/parquet files), 'multihop' "
+        "(generated multi-hop QA world with its passage corpus) or 'qa_file' (Search-R1 QA jsonl/parquet files).",
+    )
     seed: int = _f(0, "Seed of the generated task (same seed -> same problems).")
     n_train: int = _f(2000, "Generated task: number of training problems.")
     n_test: int = _f(200, "Generated task: number of held-out problems (disjoint from train).")
@@ -92,6 +102,8 @@ class TaskConfig:
     )
     train_file: Optional[str] = _f(None, "math_file: training problems (.jsonl or .parquet; GSM8K/MATH/AIME style).")
     test_file: Optional[str] = _f(None, "math_file: held-out problems (.jsonl or .parquet).")
+    n_entities: int = _f(120, "multihop: fictional people in the generated world (each with a few relations).")
+    two_hop_share: float = _f(0.5, "multihop: share of 2-hop questions (the rest are 1-hop).")
 
 
 @dataclass
@@ -134,6 +146,13 @@ class RolloutConfig:
 class EvalConfig:
     n_problems: int = _f(50, "Held-out problems scored before and after training (0: skip).")
     temperature: float = _f(0.0, "Evaluation sampling temperature (0: greedy).")
+    k: int = _f(16, "`drmas eval`: samples per question for avg@k and pass@k.")
+    k_temperature: float = _f(0.6, "`drmas eval`: sampling temperature of the k samples.")
+    k_top_p: float = _f(0.95, "`drmas eval`: nucleus top_p of the k samples.")
+    max_questions: int = _f(0, "`drmas eval`: questions per benchmark (0: all).")
+    benchmarks: dict[str, str] = _f(
+        dict, "`drmas eval`: benchmark name -> problems file in the task's format (empty: the task's held-out split)."
+    )
 
 
 @dataclass
@@ -206,3 +225,4 @@ class DrmasConfig:
     trainer: TrainerConfig = _f(TrainerConfig, "The training loop.")
     logging: LoggingConfig = _f(LoggingConfig, "Console and TensorBoard.")
     pipeline: PipelineConfig = _f(PipelineConfig, "The asynchronous pipeline (buffer, learners, rollouts).")
+    retrieval: RetrievalConfig = _f(RetrievalConfig, "Retrieval of the search system (retriever, corpus, top-k).")

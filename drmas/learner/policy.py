@@ -62,12 +62,18 @@ class PolicyTrainer:
                 out[i] = lp.detach().float()
         return out  # type: ignore[return-value]
 
-    def update(self, samples: Sequence[Sample], advantages: np.ndarray) -> dict[str, float]:
+    def update(
+        self, samples: Sequence[Sample], advantages: np.ndarray, version: int | None = None
+    ) -> dict[str, float]:
         """Take `optim_steps_per_update` optimizer steps on these samples; returns metrics named per model.
 
         The proximal policy is these weights before the update. The first step's gradient forward pass runs
         on exactly those weights, so its detached log-probs *are* the proximal log-probs; only the samples
         of later steps need a separate no-grad pass, made before the first step changes the weights.
+
+        `version` is the version of these weights. Samples generated with that same version were sampled
+        from exactly these weights, so their behaviour log-probs must equal the proximal ones; the largest
+        difference per producer (`logp_diff/<model>/<producer>`) shows an engine serving wrong weights.
         """
         if not samples:
             return {}
@@ -84,7 +90,9 @@ class PolicyTrainer:
         for chunk in chunks:
             self._optimizer_step(chunk, samples, proximal, behaviour, adv, sums)
         m = self.model_id
+        on_policy = {} if version is None else on_policy_logp_diff(samples, proximal, behaviour, version)
         return {
+            **{f"logp_diff/{m}/{producer}": diff for producer, diff in on_policy.items()},
             f"loss/{m}": float(np.mean(sums["loss"])),
             f"grad_norm/{m}": float(np.mean(sums["grad_norm"])),
             f"grad_norm/{m}/max": float(np.max(sums["grad_norm"])),
@@ -159,6 +167,25 @@ class PolicyTrainer:
 
 def _pad(rows: list[torch.Tensor]) -> torch.Tensor:
     return pad_sequence([r.float() if not r.is_floating_point() else r for r in rows], batch_first=True)
+
+
+def producer_of(group_id: str) -> str:
+    """The rollout process a group came from: group ids are `<producer>-<incarnation>-g<n>`."""
+    head = group_id.rsplit("-g", 1)[0]
+    return head.rsplit("-", 1)[0] if "-" in head else head
+
+
+def on_policy_logp_diff(
+    samples: Sequence[Sample], learner: list[torch.Tensor], behaviour: list[torch.Tensor], version: int
+) -> dict[str, float]:
+    """Largest |log pi_learner - log pi_behaviour| per producer over the samples made with `version`."""
+    out: dict[str, float] = {}
+    for s, lp, bp in zip(samples, learner, behaviour):
+        if s.policy_version != version or lp.numel() == 0:
+            continue
+        producer = producer_of(s.group_id)
+        out[producer] = max(out.get(producer, 0.0), float((lp.float() - bp).abs().max()))
+    return out
 
 
 def _k3(learner: list[torch.Tensor], behaviour: list[torch.Tensor]) -> float:

@@ -59,7 +59,8 @@ class LearnerWorker:
         self.consumer = BufferConsumer.from_config(cfg.pipeline.buffer)
         host, port = learner_address(cfg, model_id)
         self.sender = WeightSender.from_config(cfg.pipeline.weights, host, port, model=model_id,
-                                               current_weights=self._current_weights)
+                                               current_weights=self._current_weights,
+                                               curve=cfg.pipeline.buffer.server_curve())
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
                                         cfg.pipeline.max_staleness, stop)
 
@@ -109,7 +110,7 @@ class LearnerWorker:
         stale, hists = staleness_scalars(samples, self.version)
         scalars.update(stale)
         with self.sender.exclusive():
-            scalars.update(self.trainer.update(samples, adv))
+            scalars.update(self.trainer.update(samples, adv, version=self.version))
             self.version += 1
             report = self.sender.push(self.trainer.named_tensors(), self.version)
         self._report_version()

@@ -41,6 +41,7 @@ from drmas.weights import WeightReceiver
 log = logging.getLogger(__name__)
 
 _IDLE_SLICE_S = 0.05  # how long one wait for admission or buffer credit lasts before weights are polled again
+_PROBE_AFTER_S = 2.0  # silence of the buffer (while waiting for credit) after which the rollout checks it is alive
 
 
 class _Stopped(Exception):
@@ -82,7 +83,8 @@ class RolloutWorker:
         self.trained_agents = assembly.trained_agent_models(cfg)
         self.receivers = {
             m: WeightReceiver.from_config(cfg.pipeline.weights, learner_endpoint(cfg, m), self.name,
-                                          self.engines[m].load_weights, model=m)
+                                          self.engines[m].load_weights, model=m,
+                                          curve=cfg.pipeline.buffer.client_curve())
             for m in assembly.trained_models(cfg)
         }
         self.producer = BufferProducer.from_config(cfg.pipeline.buffer, self.name)
@@ -184,7 +186,8 @@ class RolloutWorker:
             try:
                 self.producer.flush(timeout_s=_IDLE_SLICE_S)
             except TimeoutError:
-                pass
+                if time.monotonic() - self.producer.last_reply_at > _PROBE_AFTER_S:
+                    self.producer.probe(timeout_s=_PROBE_AFTER_S)  # a restarted buffer never acks: notice it
             if self.stop.is_set():
                 raise _Stopped
             self._poll_weights()
@@ -209,6 +212,8 @@ class RolloutWorker:
             "rollout/groups_in_flight": float(len(self.open_groups)),
             "rollout/groups_started": float(self.groups_started),
             **{f"rollout/rejected/{reason}": float(n) for reason, n in self.rejected.items()},
+            "rollout/buffer_restarts": float(self.producer.buffer_restarts),
+            "rollout/lost_episodes": float(self.producer.lost_episodes),
         }
         for model, engine in self.engines.items():
             scalars[f"version/{model}"] = float(engine.version)

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 import zmq
 
+from drmas.buffer.config import CurveClientKeys
 from drmas.weights import messages as msg
 from drmas.weights.chunks import BufferPool, Layout, Unpacker
 from drmas.weights.config import WeightSyncConfig
@@ -186,8 +187,10 @@ class _Link(threading.Thread):
         config: WeightSyncConfig,
         on_update: Callable[[_Update], None],
         on_session: Callable[[_Session, bool], None],
+        curve: CurveClientKeys | None = None,
     ) -> None:
         super().__init__(name=f"drmas-weights-link-{receiver_id}", daemon=True)
+        self._curve = curve
         self._endpoint = endpoint
         self._receiver_id = receiver_id
         self._model = model
@@ -235,6 +238,10 @@ class _Link(threading.Thread):
             self._socket.close(linger=0)
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if self._curve is not None:
+            sock.curve_secretkey = self._curve.secret
+            sock.curve_publickey = self._curve.public
+            sock.curve_serverkey = self._curve.server_public
         sock.connect(self._endpoint)
         self._socket = sock
         return sock
@@ -345,8 +352,11 @@ class WeightReceiver:
         join_retry_s: float = 1.0,
         background: bool = False,
         config: WeightSyncConfig | None = None,
+        curve: CurveClientKeys | None = None,
     ) -> None:
-        """``config`` (if given) supplies ``join_retry_s``; the other timing settings come from the learner."""
+        """``config`` (if given) supplies ``join_retry_s``; the other timing settings come from the learner.
+        ``curve``: this rollout's CURVE keys and the learner's (= the buffer's) public key, when CURVE is on."""
+        self._curve = curve
         self.endpoint = endpoint
         self.receiver_id = receiver_id
         self.model = model
@@ -364,7 +374,8 @@ class WeightReceiver:
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> WeightReceiver:
-        self._link = _Link(self.endpoint, self.receiver_id, self.model, self.config, self._offer, self._session_changed)
+        self._link = _Link(self.endpoint, self.receiver_id, self.model, self.config, self._offer, self._session_changed,
+                           curve=self._curve)
         self._link.start()
         if self._background:
             self._applier = threading.Thread(

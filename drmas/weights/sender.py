@@ -32,6 +32,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import logging
+import secrets
 import socket
 import threading
 import time
@@ -44,6 +45,7 @@ import torch
 import torch.distributed as dist
 import zmq
 
+from drmas.buffer.config import CurveKeys, start_curve_authenticator
 from drmas.weights import messages as msg
 from drmas.weights.chunks import Layout, Packer, plan_layout
 from drmas.weights.config import WeightSyncConfig
@@ -449,9 +451,22 @@ class WeightSender:
         model: str = "",
         current_weights: CurrentWeights | None = None,
         config: WeightSyncConfig | None = None,
+        curve: CurveKeys | None = None,
     ) -> None:
         """``config`` (if given) supplies every setting; otherwise the keyword settings are used with the
-        defaults of `WeightSyncConfig` for the rest. ``model`` '' accepts rollouts of any model."""
+        defaults of `WeightSyncConfig` for the rest. ``model`` '' accepts rollouts of any model.
+
+        ``curve``: the cluster's CURVE server keys and the client keys allowed in (the buffer's). With it,
+        only those rollouts can join, and everything they learn about the rendezvous (store port, pair id)
+        travels encrypted; pair ids then carry 128 random bits, so nobody can guess their way into a pair's
+        gloo/NCCL rendezvous on the (unauthenticated) TCPStore. Binding a non-loopback address needs it."""
+        if curve is None and bind_host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(
+                f"refusing to serve weights on {bind_host!r} without CURVE keys: anyone on the network could "
+                "join the weight-sync group. Bind 127.0.0.1 or configure the pipeline.buffer.curve_* key files."
+            )
+        self._curve = curve
+        self._auth = None
         self.config = config or WeightSyncConfig(chunk_mb=chunk_mb, timeout_s=timeout_s, backend=backend)
         self.backend = resolve_backend(self.config.backend)
         self.model = model
@@ -492,6 +507,11 @@ class WeightSender:
         router = self._context.socket(zmq.ROUTER)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.setsockopt(zmq.LINGER, 0)
+        if self._curve is not None:
+            self._auth = start_curve_authenticator(self._context, self._curve.allowed_clients)
+            router.curve_server = True
+            router.curve_publickey = self._curve.public
+            router.curve_secretkey = self._curve.secret
         host = "*" if self.bind_host in WILDCARD_HOSTS else self.bind_host
         router.bind(f"tcp://{host}:{self._control_port or '*'}")
         port = int(router.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
@@ -525,6 +545,8 @@ class WeightSender:
             thread.join(timeout=self.config.timeout_s)
         self._control = None
         self._outbox.close()
+        if self._auth is not None:
+            self._auth.stop()
         self._context.term()
         self._store = None
 
@@ -610,6 +632,8 @@ class WeightSender:
             self._reply(routing_id, msg.Refuse(join.nonce, f"this learner serves {self.model!r}, not {join.model!r}"))
             return
         pair_id = f"{self._incarnation}-{next(self._pair_counter)}"
+        if self._curve is not None:
+            pair_id += f"-{secrets.token_hex(16)}"  # unguessable store keys (see __init__)
         peer = _Peer(join.receiver_id, routing_id, pair_id, last_seen=time.monotonic())
         self._registry.add(peer)
         cfg = self.config
@@ -644,5 +668,5 @@ class WeightSender:
 
     @classmethod
     def from_config(cls, config: WeightSyncConfig, bind_host: str, control_port: int = 0, store_port: int = 0,
-                    **kwargs) -> WeightSender:
+                    **kwargs) -> WeightSender:  # pass curve= the buffer's server keys when CURVE is on
         return cls(bind_host, control_port, store_port, config=config, **kwargs)

@@ -1,0 +1,39 @@
+"""Configuration of retrieval for the search system (which retriever, over which corpus, how many passages).
+
+Kept beside the retrieval code and hooked into the main schema unchanged, like the buffer's config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+def _f(default: Any, help: str) -> Any:
+    """A dataclass field carrying its help text (same convention as `drmas.config.schema`)."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class RetrievalConfig:
+    backend: str = _f(
+        "bm25",
+        "Retriever: 'bm25' (bm25s, in-process), 'dense' (sentence embeddings + faiss, in-process) or 'http' "
+        "(a Search-R1 style /retrieve server at `url`, e.g. `drmas retriever serve`).",
+    )
+    corpus: Optional[str] = _f(
+        None,
+        "Passages jsonl ({'id', 'contents': 'title\\ntext'} per line). null: the task's own corpus (the "
+        "generated multi-hop world provides one).",
+    )
+    topk: int = _f(3, "Passages returned per search query.")
+    dense_model: Optional[str] = _f(
+        None,
+        "backend=dense: local sentence-embedding model directory (null: the offline all-MiniLM-L6-v2 package).",
+    )
+    url: str = _f("http://127.0.0.1:8000/retrieve", "backend=http: the retrieval server's /retrieve URL.")
+    timeout_s: float = _f(30.0, "backend=http: seconds to wait for one retrieval request.")
+    index_dir: Optional[str] = _f(
+        None, "Where built indexes are cached (null: <DRMAS_CACHE>/indexes, keyed by corpus content and settings)."
+    )
+    batch_size: int = _f(64, "backend=dense: passages embedded per forward pass while building the index.")
