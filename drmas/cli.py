@@ -1,4 +1,4 @@
-"""The `drmas` command line: `drmas run`, `drmas config show`, `drmas config keys`."""
+"""The `drmas` command line: `drmas run`, `drmas eval`, `drmas retriever serve`, `drmas config show|keys`."""
 
 from __future__ import annotations
 
@@ -25,11 +25,18 @@ def build_parser() -> argparse.ArgumentParser:
     show = cfg_sub.add_parser("show", help="print the resolved config")
     _add_config_args(show)
     cfg_sub.add_parser("keys", help="list every config key with its default and help text")
+    from drmas.evaluation.command import add_parser as add_eval_parser
+    from drmas.retrieval.cli import add_parser as add_retriever_parser
+
+    add_eval_parser(sub)
+    add_retriever_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "func", None) is not None:  # sub-commands that own their arguments
+        return args.func(args)
     try:
         if args.command == "config" and args.config_command == "keys":
             for key, default, text in iter_help():

@@ -3,6 +3,8 @@
 The launcher adds nothing the processes cannot do when started by hand; it only
 
 * builds every model once up front (children would otherwise all build the same cached model at once),
+* scores the held-out problems with the initial models before starting anything and with the learners'
+  final checkpoints after they finish (`eval.n_problems`; see `drmas.evaluation.async_heldout`),
 * replaces every port 0 by a free port and writes the resulting config to `<output_dir>/config.yaml`,
   which every child then loads, so all of them agree on the endpoints,
 * starts `drmas-buffer`, one `drmas-learner` per trained model and `pipeline.num_rollouts` rollouts, each in
@@ -85,6 +87,9 @@ class Launcher:
         config_file.write_text(to_yaml(self.cfg))
         for model_id in self.cfg.models:
             assembly.model_path(self.cfg, model_id)  # build once, here, before the children need it
+        accuracy = {}
+        if not self.cfg.trainer.resume:
+            accuracy["before"] = self._heldout("before")
         base = ["--config", str(config_file)]
         try:
             self._start("buffer", "buffer", "drmas.buffer.main", base)
@@ -95,8 +100,39 @@ class Launcher:
             code = self._watch(stop)
         finally:
             self._stop_all()
+        if code == 0:
+            from drmas.evaluation.async_heldout import final_checkpoint_dirs
+
+            accuracy["after"] = self._heldout("after", final_checkpoint_dirs(self.cfg))
+            self._report_accuracy(run_dir, accuracy)
         self._say("launcher", self._outcome(code, run_dir))
         return code
+
+    def _heldout(self, tag: str, model_dirs=None) -> float | None:
+        """Held-out accuracy of the initial models ("before") or the final checkpoints ("after")."""
+        if self.cfg.eval.n_problems <= 0:
+            return None
+        from drmas.evaluation.async_heldout import heldout_of_models
+
+        self._say("launcher", f"held-out evaluation ({tag} training, {self.cfg.eval.n_problems} problems)")
+        result = heldout_of_models(self.cfg, tag, model_dirs)
+        if not result:
+            return None
+        self._say("launcher", f"held-out accuracy {tag} training: {result['accuracy']:.3f}")
+        return result["accuracy"]
+
+    def _report_accuracy(self, run_dir: Path, accuracy: dict) -> None:
+        """`eval/accuracy_before` and `eval/accuracy_after` under `<output_dir>/eval/`, as the colocated run logs them."""
+        scalars = {f"eval/accuracy_{tag}": value for tag, value in accuracy.items() if value is not None}
+        if not scalars:
+            return
+        from drmas.metrics import MetricsWriter
+
+        writer = MetricsWriter(run_dir / "eval", tensorboard=self.cfg.logging.tensorboard)
+        writer.log(self.cfg.trainer.steps, scalars)
+        writer.close()
+        if "before" in accuracy and "after" in accuracy and None not in (accuracy["before"], accuracy["after"]):
+            self._say("launcher", f"held-out accuracy: {accuracy['before']:.3f} -> {accuracy['after']:.3f}")
 
     def _watch(self, stop: StopFlag) -> int:
         learners = [c for c in self.children if c.role == "learner"]

@@ -19,14 +19,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Callable
 
 import torch
 
+from drmas.cache import build_once, cache_dir
 from drmas.config.schema import ModelConfig, TinyModelConfig
 
 SMOLLM2_BUILTIN = "smollm2-135m-instruct"
@@ -41,39 +38,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 # --------------------------------------------------------------------------------------------- cache
-
-
-def cache_dir() -> Path:
-    """Root of drmas' build cache: ``$DRMAS_CACHE`` if set (tests point it at a temp dir), else ~/.cache/drmas."""
-    env = os.environ.get("DRMAS_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "drmas"
-
-
-def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
-    """Return ``target``, building it with ``build(tmp_dir)`` first if it does not exist yet.
-
-    ``rename`` of a directory is atomic on one filesystem, so ``target`` either does not exist or is
-    complete. If another process publishes first, our rename fails and we keep theirs.
-    """
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        build(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not target.is_dir():  # not a lost race: a real failure
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-# ---------------------------------------------------------------------------------------- tokenizer
 
 
 def _smollm2_gguf() -> Path:
@@ -117,7 +81,9 @@ def smollm2_tokenizer_dir() -> Path:
         _ensure_chat_ready(tokenizer)
         tokenizer.save_pretrained(out)
 
-    return _build_once(cache_dir() / "tokenizers" / f"smollm2-v{_BUILD_FORMAT}", build)
+    target = cache_dir() / "tokenizers" / f"smollm2-v{_BUILD_FORMAT}"
+    build_once(target, build)
+    return target
 
 
 def _load_tokenizer(path: Path):
@@ -169,7 +135,9 @@ def _save_smollm2(out: Path) -> None:
 
 def import_smollm2() -> Path:
     """The cached HF directory of SmolLM2-135M-Instruct (fp32 safetensors), built from the packaged GGUF on first use."""
-    return _build_once(cache_dir() / "models" / f"{SMOLLM2_BUILTIN}-v{_BUILD_FORMAT}", _save_smollm2)
+    target = cache_dir() / "models" / f"{SMOLLM2_BUILTIN}-v{_BUILD_FORMAT}"
+    build_once(target, _save_smollm2)
+    return target
 
 
 def _align_generation_config(model, tokenizer) -> None:
@@ -261,7 +229,8 @@ def build_tiny_model(cfg: TinyModelConfig) -> Path:
     random from ``cfg.seed``, then, when ``cfg.prime_steps`` > 0, primed on the agents' output formats."""
     _tiny_head_dim(cfg)  # fail before touching the cache
     target = cache_dir() / "models" / f"tiny-{_tiny_key(cfg)}"
-    return _build_once(target, lambda out: _save_tiny(cfg, out))
+    build_once(target, lambda out: _save_tiny(cfg, out))
+    return target
 
 
 # ------------------------------------------------------------------------------------------ resolve

@@ -77,6 +77,10 @@ def test_launcher_runs_the_pipeline_to_the_end_with_merged_logs(tmp_path, smoke_
     assert (out / "config.yaml").read_text().count(":0\n") == 0  # children got real ports
     for index in (0, 1):
         assert read_metrics(out / f"rollout-{index}" / "metrics.jsonl")
+    # held-out accuracy of the initial models and of the learner's final checkpoint, as in colocated runs
+    assert "held-out accuracy before training" in done.stdout and "held-out accuracy after training" in done.stdout
+    (scored,) = read_metrics(out / "eval" / "metrics.jsonl")
+    assert 0 <= scored["eval/accuracy_before"] <= 1 and 0 <= scored["eval/accuracy_after"] <= 1
 
 
 def test_launcher_stops_everything_when_a_child_dies(tmp_path, smoke_model):

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from drmas.cache import build_once
 from drmas.config.schema import ModelConfig, TinyModelConfig
 from drmas.models import (
-    _build_once,
     build_tiny_model,
     load_model,
     resolve_model_path,
@@ -111,7 +111,7 @@ def test_build_once_keeps_the_winner_of_a_race(tmp_path: Path) -> None:
         (target / "who").write_text("other")
         (out / "who").write_text("me")
 
-    assert _build_once(target, build_while_another_process_publishes) == target
+    assert build_once(target, build_while_another_process_publishes) is False  # theirs is kept
     assert (target / "who").read_text() == "other"
     assert [p.name for p in target.parent.iterdir()] == ["m"]  # no temp dir left behind
 
@@ -124,5 +124,5 @@ def test_build_once_cleans_up_after_a_failed_build(tmp_path: Path) -> None:
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
-        _build_once(target, failing)
+        build_once(target, failing)
     assert list(tmp_path.iterdir()) == []

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from drmas.config.schema import DrmasConfig

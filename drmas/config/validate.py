@@ -23,6 +23,7 @@ def validate_config(cfg: DrmasConfig) -> None:
     _check_algorithm(cfg, errors)
     _check_rollout_and_trainer(cfg, errors)
     _check_pipeline(cfg, errors)
+    _check_retrieval(cfg, errors)
     _check_registered(cfg, errors)
     if errors:
         from drmas.config.load import ConfigError
@@ -142,6 +143,29 @@ def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
                 "algorithm.normalization: 'step_global' pools the calls of all agents of a group, but with "
                 "pipeline.mode=async each learner sees only its own model's agents; use 'agent' or 'global'"
             )
+
+
+def _check_retrieval(cfg: DrmasConfig, errors: list[str]) -> None:
+    from drmas.retrieval.factory import validate_retrieval_config
+
+    try:
+        validate_retrieval_config(cfg.retrieval)
+    except ValueError as exc:  # messages name the key as `retrieval.<field>`
+        errors.append(str(exc))
+    if cfg.system.reward_metric not in ("em", "f1"):
+        errors.append(f"system.reward_metric: {cfg.system.reward_metric!r} is not one of em, f1")
+    for key in ("max_turns", "history_max_chars"):
+        if getattr(cfg.system, key) < 1:
+            errors.append(f"system.{key}: must be >= 1, got {getattr(cfg.system, key)}")
+    e = cfg.eval
+    if e.k < 1:
+        errors.append(f"eval.k: must be >= 1, got {e.k}")
+    if e.max_questions < 0:
+        errors.append(f"eval.max_questions: must be >= 0 (0 = all), got {e.max_questions}")
+    if not 0 < e.k_top_p <= 1:
+        errors.append(f"eval.k_top_p: must be in (0, 1], got {e.k_top_p}")
+    if e.k_temperature < 0:
+        errors.append(f"eval.k_temperature: must be >= 0, got {e.k_temperature}")
 
 
 def _check_registered(cfg: DrmasConfig, errors: list[str]) -> None:

@@ -7,7 +7,7 @@ caller owns chat templating via `engine.tokenizer`), so what is trained on is ex
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Protocol, runtime_checkable
 
 import torch

@@ -18,7 +18,7 @@ TaskFactory = Callable[[TaskConfig], Task]
 TASKS: Registry[TaskFactory] = Registry("task")
 
 # Imported for their registration side effect; must come after TASKS exists.
-from drmas.tasks import arithmetic, files  # noqa: E402,F401
+from drmas.tasks import arithmetic, files, multihop, qa_files  # noqa: E402,F401
 
 
 def build_task(cfg: TaskConfig) -> Task:

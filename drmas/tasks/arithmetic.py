@@ -292,6 +292,13 @@ class ArithmeticTask:
             raise ValueError(f"arithmetic task has no split {name!r}; known: {', '.join(SPLITS)}")
         return self._splits[name]
 
+    def load_benchmark(self, path: str) -> list[Problem]:
+        """Problems of a math benchmark file (GSM8K / MATH / AIME jsonl or parquet) for `drmas eval`,
+        graded like the generated problems."""
+        from drmas.tasks.files import load_benchmark_file
+
+        return load_benchmark_file(path)
+
     def grade(self, problem: Problem, response: str) -> float:
         """1.0 when the response's final answer (last box; see grade_answer) equals the problem's answer."""
         return grade_answer(response, problem.answer, self._extraction)

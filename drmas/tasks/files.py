@@ -152,6 +152,11 @@ def load_problems(path: str | Path, split: str) -> list[Problem]:
     return [row_problem(row, split, index) for index, row in enumerate(read_rows(Path(path)))]
 
 
+def load_benchmark_file(path: str | Path) -> list[Problem]:
+    """Every problem of a math benchmark file (`drmas eval`); uids `file-bench-<row>` are unique within it."""
+    return load_problems(path, "bench")
+
+
 class MathFileTask:
     """Math problems from user-supplied train/test files, graded by the final answer (task.answer_extraction)."""
 
@@ -171,6 +176,10 @@ class MathFileTask:
         if name not in self._splits:
             raise ValueError(f"math_file task: split {name!r} needs a file; set task.{name}_file")
         return self._splits[name]
+
+    def load_benchmark(self, path: str | Path) -> list[Problem]:
+        """Problems of an extra benchmark file in the same formats (`drmas eval`, eval.benchmarks)."""
+        return load_benchmark_file(path)
 
     def grade(self, problem: Problem, response: str) -> float:
         """1.0 when the response's final answer (last box; see grade_answer) equals the problem's gold answer."""

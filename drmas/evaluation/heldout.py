@@ -1,4 +1,8 @@
-"""Held-out evaluation: run episodes on test problems and score the final answers."""
+"""Held-out accuracy around training: one episode per test problem, scored by the final answer.
+
+The colocated loop calls it before and after training (greedy by default); `drmas eval` measures
+avg@k / pass@k with k samples per question instead (see `drmas.evaluation.command`).
+"""
 
 from __future__ import annotations
 

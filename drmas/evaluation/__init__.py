@@ -1,0 +1,13 @@
+"""Evaluation of multi-agent systems.
+
+- `heldout.py`: held-out accuracy scored by the training loop before and after training;
+- `passk.py`: avg@k / pass@k (and the unbiased pass@k estimator) from a table of per-sample rewards;
+- `behaviour.py`: per-agent behaviour statistics (calls, validity, orchestra counters) over episodes;
+- `command.py`: `drmas eval`, k samples per question of a checkpoint on one or more benchmarks.
+
+Only `heldout_accuracy` is re-exported here, so importing the package stays as light as before.
+"""
+
+from drmas.evaluation.heldout import heldout_accuracy
+
+__all__ = ["heldout_accuracy"]

@@ -1,0 +1,181 @@
+"""`drmas eval --config FILE [--checkpoint DIR] [key=value ...]`: avg@k / pass@k of a checkpoint.
+
+The evaluation is built from the same assembly functions as training (task, orchestra, engines, agent
+specs), so it works for any registered multi-agent system. Each question of each benchmark gets
+`eval.k` sampled episodes (temperature `eval.k_temperature`, top_p `eval.k_top_p` for every agent,
+per-call seeds from `trainer.seed`); results go to `trainer.output_dir` (see `outputs.py`).
+
+Setup (config, checkpoint, models, benchmarks) is done before any episode runs, and every mistake found
+there ends the command with exit code 2 and a message naming the key or path at fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from drmas import assembly, checkpoint as run_checkpoint
+from drmas.config.schema import DrmasConfig
+from drmas.evaluation import outputs
+from drmas.evaluation.behaviour import behaviour_stats
+from drmas.evaluation.models import checkpoint_step, eval_model_dirs
+from drmas.evaluation.passk import score_table
+from drmas.evaluation.sampling import (
+    BenchmarkSamples,
+    eval_agent_specs,
+    load_benchmarks,
+    sample_benchmark,
+    validate_eval_config,
+)
+from drmas.rollout.episodes import EpisodeRunner
+from drmas.tasks.base import Problem
+
+# Episodes alive at once per runner.run call, in units of the engine batch: a few batches keep the
+# engine's batches full while episodes finish at different rounds, and bound memory on big benchmarks.
+CHUNK_BATCHES = 4
+
+
+@dataclass
+class Evaluation:
+    """Everything `drmas eval` needs, built and checked before the first episode."""
+
+    cfg: DrmasConfig
+    checkpoint: Optional[Path]
+    step: int
+    model_dirs: dict[str, Path]
+    runner: EpisodeRunner
+    benchmarks: dict[str, list[Problem]]
+    agents: tuple[str, ...]
+
+
+def prepare(cfg: DrmasConfig, checkpoint: Optional[Path]) -> Evaluation:
+    """Check the eval config, resolve model directories, build task, orchestra, engines and the runner.
+    Raises ValueError / FileNotFoundError / KeyError naming the config key or path at fault."""
+    validate_eval_config(cfg.eval)
+    if cfg.trainer.threads > 0:
+        import torch
+
+        torch.set_num_threads(cfg.trainer.threads)
+    run_checkpoint.seed_everything(cfg.trainer.seed)
+    model_dirs = eval_model_dirs(cfg, checkpoint)
+    task = assembly.build_task(cfg)
+    benchmarks = load_benchmarks(cfg, task)
+    orchestra = assembly.build_orchestra(cfg, task)
+    from drmas.engines import ENGINES
+
+    factory = ENGINES.get(cfg.rollout.engine)
+    engines = {
+        model_id: factory(model_id, path, cfg.models[model_id].dtype, cfg.rollout.max_batch_size, cfg.trainer.seed)
+        for model_id, path in model_dirs.items()
+    }
+    runner = EpisodeRunner(orchestra, engines, eval_agent_specs(cfg), cfg.algorithm.invalid_penalty,
+                           seed=cfg.trainer.seed)
+    return Evaluation(cfg, checkpoint, checkpoint_step(checkpoint), model_dirs, runner, benchmarks,
+                      tuple(orchestra.agents))
+
+
+def run_evaluation(ev: Evaluation, questions_per_chunk: Optional[int] = None,
+                   log: Callable[[str], None] = print) -> dict:
+    """Sample every benchmark, write eval.json / eval.md / eval_questions.jsonl / TensorBoard scalars to
+    trainer.output_dir, and return the report (the content of eval.json)."""
+    from tqdm import tqdm
+
+    cfg, k = ev.cfg, ev.cfg.eval.k
+    if questions_per_chunk is None:
+        questions_per_chunk = max(1, CHUNK_BATCHES * cfg.rollout.max_batch_size // k)
+    total = sum(len(problems) for problems in ev.benchmarks.values()) * k
+    start = time.perf_counter()
+    out = Path(cfg.trainer.output_dir)
+    for stale in (outputs.REPORT_FILE, outputs.MARKDOWN_FILE):  # never leave an earlier run's results beside
+        (out / stale).unlink(missing_ok=True)  # this run's questions if it is interrupted
+    questions = outputs.QuestionLog(out)
+
+    def record(name: str, problems: list[Problem], outcomes: list) -> None:
+        questions.append(name, problems, outcomes)
+        bar.update(len(problems) * k)
+
+    runs: list[BenchmarkSamples] = []
+    try:
+        with tqdm(total=total, desc="eval", unit="episode", disable=not cfg.logging.progress_bar) as bar:
+            for name, problems in ev.benchmarks.items():
+                bar.set_postfix_str(name)
+                runs.append(sample_benchmark(ev.runner, name, problems, k, questions_per_chunk, record))
+    finally:
+        questions.close()
+    report = build_report(ev, runs, wall_seconds=time.perf_counter() - start)
+    outputs.write_report(out, report)
+    (out / outputs.MARKDOWN_FILE).write_text(outputs.markdown(report))
+    if cfg.logging.tensorboard:
+        outputs.write_tensorboard(out, report)
+    log(f"eval results written to {out / outputs.REPORT_FILE}")
+    return report
+
+
+def build_report(ev: Evaluation, runs: list[BenchmarkSamples], wall_seconds: float) -> dict:
+    """The eval.json content: `benchmarks` (the fixed shape), then behaviour and provenance."""
+    cfg = ev.cfg
+    return {
+        "benchmarks": {run.name: score_table(run.rewards) for run in runs},
+        "behaviour": {run.name: behaviour_stats(run.flat_outcomes(), ev.agents) for run in runs},
+        "checkpoint": str(ev.checkpoint) if ev.checkpoint is not None else None,
+        "step": ev.step,
+        "models": {model_id: str(path) for model_id, path in ev.model_dirs.items()},
+        "sampling": {"k": cfg.eval.k, "temperature": cfg.eval.k_temperature, "top_p": cfg.eval.k_top_p,
+                     "seed": cfg.trainer.seed},
+        "system": cfg.system.name,
+        "task": cfg.task.name,
+        "wall_seconds": wall_seconds,
+    }
+
+
+# ---------------------------------------------------------------------------------------- command line
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `eval` on the `drmas` sub-command parsers (`args.func(args)` runs it)."""
+    parser = subparsers.add_parser(
+        "eval", help="avg@k / pass@k of a checkpoint (or the config's initial models) on the task's benchmarks")
+    parser.add_argument("--config", "-c", help="YAML config file (defaults are the schema's)")
+    parser.add_argument(
+        "--checkpoint", type=Path, default=None,
+        help="a run's checkpoints/step_<N> directory (one HF directory per trained model); "
+             "omitted: evaluate the models the config names")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. eval.k=4")
+    parser.set_defaults(func=main)
+    return parser
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `drmas eval`; exit code 2 (and a message on stderr) for a config, path or data mistake."""
+    from drmas.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"drmas eval: config error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        ev = prepare(cfg, args.checkpoint)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"drmas eval: {message}", file=sys.stderr)
+        return 2
+    report = run_evaluation(ev)
+    outputs.print_report(report)
+    return 0
+
+
+def cli(argv: Optional[list[str]] = None) -> int:
+    """`python -m drmas.evaluation.command eval ...`: the sub-command without the rest of `drmas`."""
+    parser = argparse.ArgumentParser(prog="drmas")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

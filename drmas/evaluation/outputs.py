@@ -1,0 +1,133 @@
+"""Where `drmas eval` results go: eval.json, eval.md, eval_questions.jsonl, TensorBoard and the console.
+
+The report is one plain dict (see `command.build_report`); every sink renders that dict, so the JSON, the
+markdown table, the TensorBoard scalars and the rich table can never disagree. Per-question results are
+streamed to eval_questions.jsonl while the evaluation runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+from drmas.mas.base import EpisodeOutcome
+from drmas.tasks.base import Problem
+
+REPORT_FILE = "eval.json"
+MARKDOWN_FILE = "eval.md"
+QUESTIONS_FILE = "eval_questions.jsonl"
+
+
+def write_report(out: Path, report: dict) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / REPORT_FILE
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return path
+
+
+class QuestionLog:
+    """`eval_questions.jsonl`, one line per question (benchmark, uid, gold answer, the k rewards and final
+    answers), appended as each chunk of questions finishes: an evaluation that is interrupted or killed
+    still leaves the scores of every question it completed."""
+
+    def __init__(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / QUESTIONS_FILE
+        self._handle = self.path.open("w", buffering=1)
+
+    def append(self, benchmark: str, problems: Sequence[Problem], outcomes: Sequence[Sequence[EpisodeOutcome]]) -> None:
+        for problem, row in zip(problems, outcomes):
+            record = {
+                "benchmark": benchmark,
+                "uid": problem.uid,
+                "answer": problem.answer,
+                "rewards": [float(o.reward) for o in row],
+                "final_answers": [o.final_answer for o in row],
+            }
+            self._handle.write(json.dumps(record) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def _fmt(value) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def markdown(report: dict) -> str:
+    """The benchmark table and, per benchmark, the per-agent behaviour table, as markdown."""
+    k = report["sampling"]["k"]
+    lines = [f"# drmas eval: {report['checkpoint'] or 'initial models'} (step {report['step']})", ""]
+    lines += [f"| benchmark | questions | k | avg@{k} | pass@{k} |", "|---|---:|---:|---:|---:|"]
+    for name, entry in report["benchmarks"].items():
+        lines.append(f"| {name} | {entry['n_questions']} | {entry['k']} | {_fmt(entry['avg@k'])} | {_fmt(entry['pass@k'])} |")
+    for name, stats in report.get("behaviour", {}).items():
+        lines += ["", f"## behaviour on {name} ({stats['episodes']} episodes)", ""]
+        lines += ["| agent | calls / episode | valid share | mean response chars |", "|---|---:|---:|---:|"]
+        for agent, a in stats["agents"].items():
+            lines.append(
+                f"| {agent} | {_fmt(a['calls_per_episode'])} | {_fmt(a['valid_share'])} | {_fmt(a['mean_response_chars'])} |"
+            )
+        if stats["info"]:
+            lines += ["", "| episode statistic | mean per episode |", "|---|---:|"]
+            lines += [f"| {key} | {_fmt(value)} |" for key, value in stats["info"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def tensorboard_scalars(report: dict) -> dict[str, float]:
+    """`eval/<benchmark>/avg@k`, `eval/<benchmark>/pass@k`, and the behaviour numbers under the same prefix."""
+    scalars: dict[str, float] = {}
+    for name, entry in report["benchmarks"].items():
+        scalars[f"eval/{name}/avg@k"] = entry["avg@k"]
+        scalars[f"eval/{name}/pass@k"] = entry["pass@k"]
+    for name, stats in report.get("behaviour", {}).items():
+        for agent, a in stats["agents"].items():
+            scalars[f"eval/{name}/calls_per_episode/{agent}"] = a["calls_per_episode"]
+            if a["valid_share"] is not None:
+                scalars[f"eval/{name}/valid/{agent}"] = a["valid_share"]
+        for key, value in stats["info"].items():
+            scalars[f"eval/{name}/info/{key}"] = value
+    return scalars
+
+
+def write_tensorboard(out: Path, report: dict) -> Path:
+    """Add the report's scalars at step = the checkpoint's step to `<out>/tensorboard`."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    log_dir = out / "tensorboard"
+    writer = SummaryWriter(log_dir=str(log_dir))
+    try:
+        for tag, value in tensorboard_scalars(report).items():
+            writer.add_scalar(tag, float(value), report["step"])
+    finally:
+        writer.close()
+    return log_dir
+
+
+def print_report(report: dict) -> None:
+    """The benchmark scores and per-agent behaviour as rich tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    k = report["sampling"]["k"]
+    table = Table(title=f"drmas eval: {report['checkpoint'] or 'initial models'} (step {report['step']})")
+    for column in ("benchmark", "questions", f"avg@{k}", f"pass@{k}"):
+        table.add_column(column, justify="left" if column == "benchmark" else "right")
+    for name, entry in report["benchmarks"].items():
+        table.add_row(name, str(entry["n_questions"]), _fmt(entry["avg@k"]), _fmt(entry["pass@k"]))
+    console.print(table)
+    behaviour = Table(title="behaviour per agent")
+    for column in ("benchmark", "agent", "calls / episode", "valid share"):
+        behaviour.add_column(column, justify="left" if column in ("benchmark", "agent") else "right")
+    for name, stats in report.get("behaviour", {}).items():
+        for agent, a in stats["agents"].items():
+            behaviour.add_row(name, agent, _fmt(a["calls_per_episode"]), _fmt(a["valid_share"]))
+        for key, value in stats["info"].items():
+            behaviour.add_row(name, f"(episode) {key}", _fmt(value), "")
+    console.print(behaviour)

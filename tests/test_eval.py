@@ -1,0 +1,257 @@
+"""`drmas eval`: avg@k / pass@k arithmetic, behaviour statistics, and the command on the smoke config."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from drmas.evaluation.behaviour import behaviour_stats
+from drmas.evaluation.command import cli, prepare, run_evaluation
+from drmas.evaluation.passk import (
+    avg_at_k,
+    estimated_pass_at_k,
+    pass_at_k,
+    score_table,
+    unbiased_pass_at_k,
+)
+from drmas.mas.base import EpisodeOutcome, TurnResult
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "configs" / "smoke.yaml"
+BENCHMARK_KEYS = {"avg@k", "pass@k", "k", "n_questions"}
+
+
+# ------------------------------------------------------------------------------------------ avg@k / pass@k
+
+
+def test_avg_and_pass_at_k_on_a_hand_made_table():
+    table = [[1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
+    assert avg_at_k(table) == pytest.approx((0.25 + 0.0 + 1.0) / 3)
+    assert pass_at_k(table) == pytest.approx(2 / 3)
+    assert score_table(table) == {"avg@k": pytest.approx(1.25 / 3), "pass@k": pytest.approx(2 / 3), "k": 4,
+                                  "n_questions": 3}
+
+
+def test_partial_credit_counts_in_avg_but_only_exact_matches_pass():
+    table = {"q1": [0.5, 1.0 - 1e-12], "q2": [0.8, 0.9]}
+    assert avg_at_k(table) == pytest.approx((0.75 - 5e-13 + 0.85) / 2)
+    assert pass_at_k(table) == 0.5  # 1 - 1e-12 is an exact match after float noise; 0.9 is not
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ({"q1": [1, 0], "q2": [1]}, "question q2 has 1 samples, question q1 has 2"),
+        ([[1, 0], [0, 1, 1]], "question #1 has 3 samples"),
+        ({"a": [0, 1.5]}, "question a sample 1 has reward 1.5"),
+        ([[0.0, float("nan")]], "question #0 sample 1"),
+        ([], "no questions"),
+        ([[]], "has no samples"),
+    ],
+)
+def test_bad_tables_are_rejected_naming_the_question(table, message):
+    with pytest.raises(ValueError, match=message):
+        score_table(table)
+
+
+def _brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:
+    """Share of the k-subsets of n samples (the first c successes) that hold at least one success."""
+    subsets = list(itertools.combinations(range(n), k))
+    return Fraction(sum(1 for s in subsets if min(s) < c), len(subsets))
+
+
+def test_unbiased_pass_at_k_matches_enumeration_of_all_subsets():
+    for n in range(1, 9):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                expected = float(_brute_force_pass_at_k(n, c, k))
+                assert unbiased_pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12), (n, c, k)
+
+
+def test_unbiased_estimator_is_stable_for_large_n_and_equals_pass_at_k_when_n_is_k():
+    exact = 1 - Fraction(math.comb(900, 100), math.comb(1000, 100))
+    assert unbiased_pass_at_k(1000, 100, 100) == pytest.approx(float(exact), rel=1e-9)
+    assert unbiased_pass_at_k(1000, 1, 1) == pytest.approx(0.001)
+    table = [[1, 0, 0], [0, 0, 0], [0, 1, 1]]
+    assert estimated_pass_at_k(table, 3) == pytest.approx(pass_at_k(table))
+    # one success in three samples: pass@1 = 1/3, pass@2 = 1 - C(2,2)/C(3,2) = 2/3
+    assert estimated_pass_at_k([[1, 0, 0]], 1) == pytest.approx(1 / 3)
+    assert estimated_pass_at_k([[1, 0, 0]], 2) == pytest.approx(2 / 3)
+
+
+def test_unbiased_estimator_rejects_k_above_n():
+    with pytest.raises(ValueError, match="k = 4 exceeds the n = 3 samples"):
+        estimated_pass_at_k([[1, 0, 0]], 4)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        unbiased_pass_at_k(3, 1, 0)
+
+
+# ----------------------------------------------------------------------------------------------- behaviour
+
+
+def _outcome(turns, info):
+    return EpisodeOutcome(reward=0.0, turns=[TurnResult(agent, text, valid) for agent, text, valid in turns], info=info)
+
+
+def test_behaviour_stats_per_agent_and_numeric_info_keys():
+    outcomes = [
+        _outcome([("solver", "abcd", True), ("verifier", "xx", False), ("solver", "ab", True)],
+                 {"rounds": 2, "approved": False, "note": "ignored", "searches": 3}),
+        _outcome([("solver", "abcdef", False)], {"rounds": 1, "approved": True}),
+    ]
+    stats = behaviour_stats(outcomes, agents=("solver", "verifier", "searcher"))
+    assert stats["episodes"] == 2
+    solver, verifier, searcher = (stats["agents"][a] for a in ("solver", "verifier", "searcher"))
+    assert solver["calls_per_episode"] == 1.5 and solver["calls"] == 3
+    assert solver["valid_share"] == pytest.approx(2 / 3)
+    assert solver["mean_response_chars"] == pytest.approx(4.0)
+    assert verifier["calls_per_episode"] == 0.5 and verifier["valid_share"] == 0.0
+    assert searcher == {"calls_per_episode": 0.0, "valid_share": None, "calls": 0, "mean_response_chars": None}
+    assert stats["info"] == {"rounds": 1.5, "approved": 0.5, "searches": 3.0}  # searches: only where reported
+
+
+# ------------------------------------------------------------------------------------------- the command
+
+
+def _eval(out: Path, *args: str) -> int:
+    return cli(["eval", "--config", str(SMOKE), *args, f"trainer.output_dir={out}", "eval.k=2", "eval.max_questions=3"])
+
+
+def _scalars(tensorboard_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tensorboard_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_eval_on_the_smoke_config_writes_results(tmp_path):
+    out = tmp_path / "eval"
+    assert _eval(out) == 0
+    report = json.loads((out / "eval.json").read_text())
+    assert set(report["benchmarks"]) == {"arithmetic"}
+    entry = report["benchmarks"]["arithmetic"]
+    assert set(entry) == BENCHMARK_KEYS
+    assert isinstance(entry["avg@k"], float) and isinstance(entry["pass@k"], float)
+    assert entry["k"] == 2 and entry["n_questions"] == 3
+    assert 0.0 <= entry["avg@k"] <= entry["pass@k"] <= 1.0
+    questions = [json.loads(line) for line in (out / "eval_questions.jsonl").read_text().splitlines()]
+    assert len(questions) == 3 and all(len(q["rewards"]) == 2 for q in questions)
+    assert entry["avg@k"] == pytest.approx(sum(sum(q["rewards"]) for q in questions) / 6)
+    solver = report["behaviour"]["arithmetic"]["agents"]["solver"]
+    assert solver["calls_per_episode"] >= 1.0 and 0.0 <= solver["valid_share"] <= 1.0
+    assert "rounds" in report["behaviour"]["arithmetic"]["info"]
+    assert report["checkpoint"] is None and report["step"] == 0
+    assert "| arithmetic | 3 | 2 |" in (out / "eval.md").read_text()
+    scalars = _scalars(out / "tensorboard")
+    assert scalars["eval/arithmetic/avg@k"] == [(0, pytest.approx(entry["avg@k"]))]
+    assert scalars["eval/arithmetic/pass@k"] == [(0, pytest.approx(entry["pass@k"]))]
+
+    # same seed -> the same samples, whatever the chunking of episodes
+    from drmas.config import load_config
+
+    cfg = load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'again'}", "eval.k=2", "eval.max_questions=3",
+                              "logging.tensorboard=false"])
+    run_evaluation(prepare(cfg, None), questions_per_chunk=1, log=lambda _: None)
+    again = [json.loads(line) for line in (tmp_path / "again" / "eval_questions.jsonl").read_text().splitlines()]
+    assert again == questions
+
+
+def test_an_interrupted_eval_keeps_the_questions_it_finished(tmp_path):
+    from drmas.config import load_config
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "eval.json").write_text("{}")  # an earlier evaluation's report must not pass for this one's
+    ev = prepare(load_config(SMOKE, [f"trainer.output_dir={out}", "eval.k=2", "eval.max_questions=3"]), None)
+    real_run, calls = ev.runner.run, []
+
+    def run_then_interrupt(requests):
+        calls.append(len(requests))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run(requests)
+
+    ev.runner.run = run_then_interrupt
+    with pytest.raises(KeyboardInterrupt):
+        run_evaluation(ev, questions_per_chunk=1, log=lambda _: None)
+    lines = (out / "eval_questions.jsonl").read_text().splitlines()
+    assert calls == [2, 2] and len(lines) == 1 and len(json.loads(lines[0])["rewards"]) == 2
+    assert not (out / "eval.json").exists()
+
+
+def test_eval_of_a_checkpoint_from_a_one_step_run(tmp_path):
+    from drmas.cli import main as drmas_main
+
+    run_dir = tmp_path / "run"
+    assert drmas_main(["run", "--config", str(SMOKE), "trainer.steps=1", "eval.n_problems=0",
+                       f"trainer.output_dir={run_dir}", "logging.tensorboard=false"]) == 0
+    ckpt = run_dir / "checkpoints" / "step_1"
+    assert (ckpt / "COMPLETE").exists()
+    assert _eval(run_dir, "--checkpoint", str(ckpt)) == 0
+    report = json.loads((run_dir / "eval.json").read_text())
+    assert report["checkpoint"] == str(ckpt) and report["step"] == 1
+    assert report["models"] == {"policy": str(ckpt / "policy")}
+    assert set(report["benchmarks"]["arithmetic"]) == BENCHMARK_KEYS
+    assert _scalars(run_dir / "tensorboard")["eval/arithmetic/pass@k"][0][0] == 1  # step of the checkpoint
+
+    # the engine serves the checkpoint's weights, not the config's initial ones
+    import torch
+    from safetensors.torch import load_file
+
+    from drmas.config import load_config
+
+    ev = prepare(load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'x'}"]), ckpt)
+    saved = load_file(next((ckpt / "policy").glob("*.safetensors")))
+    served = dict(ev.runner.engines["policy"].model.named_parameters())
+    assert all(torch.equal(served[name].data, tensor) for name, tensor in saved.items() if name in served)
+
+
+def test_missing_checkpoint_directory_exits_2_naming_the_path(tmp_path, capsys):
+    missing = tmp_path / "runs" / "checkpoints" / "step_7"
+    assert _eval(tmp_path / "out", "--checkpoint", str(missing)) == 2
+    assert str(missing) in capsys.readouterr().err
+    assert not (tmp_path / "out" / "eval.json").exists()
+
+
+def test_checkpoint_without_the_trained_model_exits_2_but_a_frozen_model_loads_from_its_config(tmp_path, capsys):
+    empty = tmp_path / "step_3"
+    empty.mkdir()
+    assert _eval(tmp_path / "out", "--checkpoint", str(empty)) == 2
+    err = capsys.readouterr().err
+    assert "trained model 'policy'" in err and str(empty / "policy") in err
+
+    from drmas.config import load_config
+    from drmas.models import build_tiny_model
+
+    cfg = load_config(SMOKE, ["models.policy.trainable=false", f"trainer.output_dir={tmp_path / 'out'}"])
+    ev = prepare(cfg, empty)
+    assert ev.model_dirs == {"policy": build_tiny_model(cfg.models["policy"].tiny)} and ev.step == 3
+
+
+def test_benchmark_files_are_loaded_by_the_task_and_bad_rows_are_reported(tmp_path, capsys):
+    good = tmp_path / "gsm.jsonl"
+    good.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n"
+                    + json.dumps({"problem": "What is 2 + 1?", "answer": 3}) + "\n")
+    out = tmp_path / "out"
+    assert _eval(out, f"eval.benchmarks={{gsm: {good}}}", "logging.tensorboard=false") == 0
+    entry = json.loads((out / "eval.json").read_text())["benchmarks"]
+    assert list(entry) == ["gsm"] and entry["gsm"]["n_questions"] == 2 and entry["gsm"]["k"] == 2
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n{not json\n")
+    assert _eval(tmp_path / "out2", f"eval.benchmarks={{gsm: {bad}}}") == 2
+    assert f"eval.benchmarks.gsm: {bad}:2: invalid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override, key", [("eval.k=0", "eval.k"), ("eval.k_top_p=1.5", "eval.k_top_p"),
+                                           ("eval.max_questions=-1", "eval.max_questions")])
+def test_impossible_eval_settings_exit_2_naming_the_key(tmp_path, capsys, override, key):
+    code = cli(["eval", "--config", str(SMOKE), f"trainer.output_dir={tmp_path}", override])
+    assert code == 2
+    assert key in capsys.readouterr().err
