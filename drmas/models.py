@@ -166,7 +166,11 @@ _TINY_WEIGHT_FIELDS = ("hidden_size", "num_layers", "num_heads", "intermediate_s
 
 def _tiny_key(cfg: TinyModelConfig) -> str:
     """A short stable hash of the tiny-model shape and seed (the cache key)."""
+    from drmas.priming import PRIMING_RECIPE
+
     fields = {name: getattr(cfg, name) for name in _TINY_WEIGHT_FIELDS}
+    if cfg.prime_steps > 0:  # a changed priming recipe makes different weights: never reuse the old ones
+        fields["priming"] = PRIMING_RECIPE
     payload = json.dumps({"format": _BUILD_FORMAT, **fields}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

@@ -10,12 +10,15 @@ vary within a group and the whole training path runs for real.
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
 
 _SOLVER_FORMATS = ("The answer is \\boxed{{{n}}}.", "{a} + {b} = {n}, so \\boxed{{{n}}}.")
 _VERIFIER_FORMATS = ("<verify>approve</verify>", "<verify>reject</verify>")
+_PEAK_LR = 5e-3
+PRIMING_RECIPE = 2  # bumped whenever the recipe changes, so cached primed models are rebuilt
 
 
 def format_corpus(rng: random.Random, size: int, max_number: int = 12) -> list[str]:
@@ -58,7 +61,13 @@ def prime_formats(model: torch.nn.Module, tokenizer, steps: int, seed: int, batc
     """Train `model` in place for `steps` steps on format responses after chat prompts (loss on the
     response tokens only); returns the last loss."""
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=_PEAK_LR)
+    # Warm up, then decay to zero: a constant high rate lets a tiny model collapse onto one format prefix
+    # (e.g. "<verify>" + end of turn for every prompt) late in the run, which leaves every reward equal.
+    warmup = max(1, steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda i: min(1.0, (i + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(i / steps, 1.0)))
+    )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     model.train()
     last = float("nan")
@@ -75,7 +84,9 @@ def prime_formats(model: torch.nn.Module, tokenizer, steps: int, seed: int, batc
         loss = _response_loss(model, input_ids, mask, labels)
         optimizer.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        schedule.step()
         last = float(loss.detach())
     model.eval()
     return last

@@ -33,6 +33,10 @@ def test_steps_change_weights_and_engine_follows(tmp_path):
     for r in records:
         assert np.isfinite(r["loss/policy"]) and np.isfinite(r["grad_norm/policy"])
         assert {"reward/solver/mean", "advantage/solver/sq_mean", "valid/verifier", "mismatch_kl/policy"} <= set(r)
+    # the format-primed smoke model writes both agents' formats, so rewards vary and gradients flow
+    # (weight decay alone would change the weights, so "weights changed" is not enough)
+    assert max(r["grad_norm/policy"] for r in records) > 0
+    assert max(r["valid/solver"] for r in records) > 0 and max(r["valid/verifier"] for r in records) > 0
     after = trainer.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "no weight changed"
     engine = run.engines["policy"]
