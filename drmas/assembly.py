@@ -41,12 +41,16 @@ def build_orchestra(cfg: DrmasConfig, task: Task) -> Orchestra:
         from drmas.retrieval.factory import build_retriever
 
         extra["retriever"] = build_retriever(cfg.retrieval, task)
+        extra["topk"] = cfg.retrieval.topk
     return factory(cfg.system, agents_by_role, task, **extra)
 
 
 def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str, AgentSpec]:
     """Sampling parameters per agent: the agent's overrides over the rollout defaults (`temperature`, when
-    given, replaces every agent's temperature, as evaluation does)."""
+    given, replaces every agent's temperature, as evaluation does), and its role's stop strings."""
+    register_builtins()
+    from drmas.mas.agents import AGENT_ROLES
+
     specs = {}
     for name, a in cfg.agents.items():
         temp = a.temperature if a.temperature is not None else cfg.rollout.temperature
@@ -56,6 +60,7 @@ def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str,
             temperature=temp,
             top_p=a.top_p if a.top_p is not None else cfg.rollout.top_p,
             max_new_tokens=a.max_new_tokens or cfg.rollout.max_new_tokens,
+            stop=AGENT_ROLES.get(a.role).stop if a.role in AGENT_ROLES else (),
         )
         specs[name] = AgentSpec(model=a.model, sampling=sampling)
     return specs

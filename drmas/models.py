@@ -171,6 +171,8 @@ def _tiny_key(cfg: TinyModelConfig) -> str:
     fields = {name: getattr(cfg, name) for name in _TINY_WEIGHT_FIELDS}
     if cfg.prime_steps > 0:  # a changed priming recipe makes different weights: never reuse the old ones
         fields["priming"] = PRIMING_RECIPE
+        if cfg.prime_system != "math":  # (math keys stay as they were)
+            fields["prime_system"] = cfg.prime_system
     payload = json.dumps({"format": _BUILD_FORMAT, **fields}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -222,7 +224,7 @@ def _save_tiny(cfg: TinyModelConfig, out: Path) -> None:
         from drmas.priming import prime_formats
 
         with torch.random.fork_rng(devices=[]):
-            prime_formats(model, tokenizer, cfg.prime_steps, cfg.seed)
+            prime_formats(model, tokenizer, cfg.prime_steps, cfg.seed, system=cfg.prime_system)
     _align_generation_config(model, tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

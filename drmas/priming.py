@@ -17,16 +17,24 @@ import torch
 
 _SOLVER_FORMATS = ("The answer is \\boxed{{{n}}}.", "{a} + {b} = {n}, so \\boxed{{{n}}}.")
 _VERIFIER_FORMATS = ("<verify>approve</verify>", "<verify>reject</verify>")
+_SEARCH_FORMATS = ("<verify>yes</verify>", "<verify>no</verify>", "<search>{w} {v}</search>", "<answer>{w}</answer>",
+                   "<answer>{w} {v}</answer>")
+FORMATS = {"math": _SOLVER_FORMATS + _VERIFIER_FORMATS, "search": _SEARCH_FORMATS}
+_WORDS = ("city", "born", "river", "company", "founded", "mentor", "year", "Veska", "Talomir", "Orvane", "Kesh",
+          "Ludra", "Mirel", "piano", "engineer", "capital", "Dovrin", "Sela")
 _PEAK_LR = 5e-3
 PRIMING_RECIPE = 2  # bumped whenever the recipe changes, so cached primed models are rebuilt
 
 
-def format_corpus(rng: random.Random, size: int, max_number: int = 12) -> list[str]:
-    """`size` short responses in the math agents' formats with random numbers."""
+def format_corpus(rng: random.Random, size: int, max_number: int = 12, system: str = "math") -> list[str]:
+    """`size` short responses in the formats of `system`'s agents, with random numbers and words."""
+    if system not in FORMATS:
+        raise ValueError(f"models.<id>.tiny.prime_system must be one of {', '.join(FORMATS)}, got {system!r}")
     texts = []
     for _ in range(size):
-        template = rng.choice(_SOLVER_FORMATS + _VERIFIER_FORMATS)
-        texts.append(template.format(n=rng.randint(0, max_number), a=rng.randint(0, 9), b=rng.randint(0, 9)))
+        template = rng.choice(FORMATS[system])
+        texts.append(template.format(n=rng.randint(0, max_number), a=rng.randint(0, 9), b=rng.randint(0, 9),
+                                     w=rng.choice(_WORDS), v=rng.choice(_WORDS)))
     return texts
 
 
@@ -57,7 +65,8 @@ def _response_loss(model, input_ids, mask, labels) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
 
 
-def prime_formats(model: torch.nn.Module, tokenizer, steps: int, seed: int, batch_size: int = 8) -> float:
+def prime_formats(model: torch.nn.Module, tokenizer, steps: int, seed: int, batch_size: int = 8,
+                  system: str = "math") -> float:
     """Train `model` in place for `steps` steps on format responses after chat prompts (loss on the
     response tokens only); returns the last loss."""
     rng = random.Random(seed)
@@ -72,7 +81,7 @@ def prime_formats(model: torch.nn.Module, tokenizer, steps: int, seed: int, batc
     model.train()
     last = float("nan")
     for _ in range(steps):
-        examples = [_example(tokenizer, rng, text) for text in format_corpus(rng, batch_size)]
+        examples = [_example(tokenizer, rng, text) for text in format_corpus(rng, batch_size, system=system)]
         width = max(len(ids) for ids, _ in examples)
         input_ids = torch.full((len(examples), width), pad, dtype=torch.long)
         labels = torch.full_like(input_ids, -100)

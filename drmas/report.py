@@ -22,7 +22,7 @@ def print_summary(summary: dict, cfg) -> None:
     acc = summary.get("accuracy", {})
     for when in ("before", "after"):
         if when in acc:
-            table.add_row(f"held-out solver accuracy {when}", f"{acc[when]:.3f}")
+            table.add_row(f"held-out accuracy (final answer) {when}", f"{acc[when]:.3f}")
     console.print(table)
     if "before" in acc and "after" in acc:
         print(f"held-out accuracy: before {acc['before']:.3f} -> after {acc['after']:.3f}")

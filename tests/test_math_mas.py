@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from drmas.config.schema import SystemConfig
-from drmas.mas import ORCHESTRAS, AgentTurn, EpisodeOutcome
+from drmas.mas import ORCHESTRAS, AgentTurn
 from drmas.mas.agents import AGENT_ROLES, SolverAgent, TeamContext, VerifierAgent
 from drmas.mas.math import MathOrchestra
 from drmas.tasks.base import Problem
+from scripted_episode import Transcript, agents_asked  # noqa: F401
+from scripted_episode import drive as _drive
 
 PROBLEM = Problem("p0", "Mia has 7 apples and buys 5 more. How many apples does she have now?", "12")
 ROLES = {"solver": "alice", "verifier": "bob"}
@@ -25,6 +27,10 @@ NO_BOX = "She has 12 apples."
 APPROVE = "7 + 5 = 12. <verify>approve</verify>"
 REJECT = "7 + 5 is 12, not 13. <verify>reject</verify>"
 MALFORMED = "Looks fine to me."
+
+
+def drive(orchestra, responses: list[str], problem: Problem = PROBLEM) -> Transcript:
+    return _drive(orchestra, responses, problem)
 
 
 @dataclass
@@ -42,35 +48,10 @@ class SubstringTask:
         return 1.0 if f"\\boxed{{{problem.answer}}}" in response else 0.0
 
 
-@dataclass
-class Transcript:
-    """What happened in one hand-driven episode: the turns asked for and the outcome returned."""
-
-    asked: list[AgentTurn]
-    outcome: EpisodeOutcome
-
-
 def make(max_rounds: int = 2, malformed_verdict: str = "approve", task: SubstringTask | None = None) -> MathOrchestra:
     """A math orchestra over the scripted agents alice (solver) and bob (verifier)."""
     cfg = SystemConfig(name="math", max_rounds=max_rounds, malformed_verdict=malformed_verdict)
     return MathOrchestra(cfg, ROLES, task or SubstringTask())
-
-
-def drive(orchestra: MathOrchestra, responses: list[str]) -> Transcript:
-    """Answer each yielded turn with the next scripted response; fail if the script length is wrong."""
-    episode = orchestra.run(PROBLEM)
-    asked = [next(episode)]
-    for i, text in enumerate(responses):
-        try:
-            asked.append(episode.send(text))
-        except StopIteration as stop:
-            assert i == len(responses) - 1, f"episode ended after {i + 1} calls, script has {len(responses)}"
-            return Transcript(asked=asked, outcome=stop.value)
-    pytest.fail(f"episode still running after {len(responses)} scripted responses")
-
-
-def agents_asked(transcript: Transcript) -> list[str]:
-    return [turn.agent for turn in transcript.asked]
 
 
 def user_text(turn: AgentTurn) -> str:

@@ -44,6 +44,8 @@ class TinyModelConfig:
         0, "Train the random model this many steps on the agents' output formats with random numbers (not on "
         "answers), so its rewards vary and gradients flow in tests; 0 = pure random."
     )
+    prime_system: str = _f("math", "Whose output formats priming teaches: 'math' (boxed answers, approve/reject) "
+                           "or 'search' (yes/no routing, <search> queries, <answer> tags).")
 
 
 @dataclass

@@ -46,6 +46,8 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
             errors.append(f"{where}.optim.lr: must be >= 0, got {m.optim.lr}")
         if m.tiny.hidden_size % max(m.tiny.num_heads, 1) or m.tiny.hidden_size // max(m.tiny.num_heads, 1) < 32:
             errors.append(f"{where}.tiny: hidden_size / num_heads must be an integer >= 32")
+        if m.tiny.prime_system not in ("math", "search"):
+            errors.append(f"{where}.tiny.prime_system: {m.tiny.prime_system!r} is not one of math, search")
 
 
 def _check_agents(cfg: DrmasConfig, errors: list[str]) -> None:

@@ -55,6 +55,9 @@ class RoleAgent(ABC):
     """Prompting and output checking of one role; subclasses register themselves in AGENT_ROLES."""
 
     role: ClassVar[str]
+    # Generation stops once the reply holds one of these (kept in the reply): a role whose output ends in a
+    # closing tag gains nothing from tokens after it, and a tiny model's trailing chatter only costs time.
+    stop: ClassVar[tuple[str, ...]] = ()
 
     def messages(self, problem: Problem, context: TeamContext) -> list[dict]:
         """Chat messages for this role's next call: system message, worked examples, then the request.
@@ -136,6 +139,7 @@ class VerifierAgent(RoleAgent):
     """Checks the solver's latest answer and decides with <verify>approve</verify> or <verify>reject</verify>."""
 
     role = "verifier"
+    stop = ("</verify>",)
 
     def system_prompt(self) -> str:
         return (

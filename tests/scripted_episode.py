@@ -1,0 +1,39 @@
+"""Driving an orchestra's episode by hand: each turn it asks for is answered with the next scripted reply.
+
+Orchestras are pure turn logic (generators), so their routing rules are tested by scripting the agents'
+replies and checking which agent was asked for what, and what the episode returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from drmas.mas import AgentTurn, EpisodeOutcome
+from drmas.tasks.base import Problem
+
+
+@dataclass
+class Transcript:
+    """What happened in one hand-driven episode: the turns asked for and the outcome returned."""
+
+    asked: list[AgentTurn]
+    outcome: EpisodeOutcome
+
+
+def drive(orchestra, responses: list[str], problem: Problem) -> Transcript:
+    """Answer each yielded turn with the next scripted response; fail if the script length is wrong."""
+    episode = orchestra.run(problem)
+    asked = [next(episode)]
+    for i, text in enumerate(responses):
+        try:
+            asked.append(episode.send(text))
+        except StopIteration as stop:
+            assert i == len(responses) - 1, f"episode ended after {i + 1} calls, script has {len(responses)}"
+            return Transcript(asked=asked, outcome=stop.value)
+    pytest.fail(f"episode still running after {len(responses)} scripted responses")
+
+
+def agents_asked(transcript: Transcript) -> list[str]:
+    return [turn.agent for turn in transcript.asked]
