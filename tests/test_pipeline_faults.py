@@ -4,12 +4,15 @@ One learner trains while rollout processes die and join: `kill -9` of a rollout 
 hang the learner; a rollout started late must receive the learner's current weights, which shows in its
 behaviour log-probs: on samples generated with the learner's current version they equal the learner's own
 log-probs of the same tokens (`logp_diff/<model>/<producer>`, computed by the learner on every update).
+Then the learner itself is killed with `kill -9` and restarted with resume: it continues from its last
+checkpoint's version and the surviving rollout re-joins it.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import time
@@ -20,8 +23,9 @@ from drmas.metrics import read_metrics
 from pipeline_harness import SMOKE, Processes, pipeline_overrides, smoke_model  # noqa: F401
 
 STEPS = 8
+KILL_LEARNER_AT = 6
 MAX_STALENESS = 1
-BUDGET_S = 150
+BUDGET_S = 180
 
 pytestmark = pytest.mark.timeout(480)
 
@@ -47,7 +51,7 @@ def _kill9(procs: Processes, name: str) -> None:
 def test_learner_survives_killed_rollouts_and_a_late_rollout_serves_its_current_weights(tmp_path, smoke_model):
     out = tmp_path / "run"
     overrides = [*pipeline_overrides(out, MAX_STALENESS, STEPS), "pipeline.groups_in_flight=2",
-                 "pipeline.buffer.producer_timeout_s=3"]
+                 "pipeline.buffer.producer_timeout_s=3", "trainer.checkpoint_interval=1"]
     metrics = out / "learner-policy" / "metrics.jsonl"
     procs = Processes(tmp_path)
     deadline = time.monotonic() + BUDGET_S
@@ -61,17 +65,28 @@ def test_learner_survives_killed_rollouts_and_a_late_rollout_serves_its_current_
         _wait_for_step(procs, metrics, 4, deadline)  # the learner kept stepping on rollout-0's groups
         _kill9(procs, "rollout-0")  # now nobody produces: the learner waits (and must not die)
         procs.start("rollout-2", "drmas.rollout.main", "--config", str(SMOKE), "--index", "2", *overrides)
+        _wait_for_step(procs, metrics, KILL_LEARNER_AT, deadline)
+        _kill9(procs, "learner")  # mid-run: the step after its last checkpoint may be lost, nothing else
+        learner = procs.start("learner-resumed", "drmas.learner.main", "--config", str(SMOKE), "--model", "policy",
+                              *overrides, "trainer.resume=true")
         try:
             assert learner.wait(max(deadline - time.monotonic(), 1)) == 0, procs.tails()
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the learner did not finish in time\n{procs.tails()}")
+            pytest.fail(f"the resumed learner did not finish in time\n{procs.tails()}")
         assert procs.stop("rollout-2", 10) == 0, procs.tails()
         assert procs.stop("buffer", 10) == 0, procs.tails()
     finally:
         procs.kill_all()
 
     steps = read_metrics(metrics)
-    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))  # it kept stepping through both kills
+    numbers = [r["step"] for r in steps]
+    resumed_at = int(re.search(r"resumed from \S+ at version (\d+)", procs.tail("learner-resumed", 200)).group(1))
+    # checkpoints follow the metrics of each step, so the last logged step may not be saved yet
+    assert KILL_LEARNER_AT - 1 <= resumed_at < STEPS
+    # steps 1..8 in order through both rollout kills and the learner kill; a step logged after the last
+    # checkpoint may appear twice (trained again after the restart), nothing is skipped
+    assert numbers == sorted(numbers) and set(numbers) == set(range(1, STEPS + 1))
+    assert numbers[-(STEPS - resumed_at):] == list(range(resumed_at + 1, STEPS + 1))
     assert all(math.isfinite(r["loss/policy"]) for r in steps)
     # the dead rollouts left the weight-sync group; the late one joined it
     assert steps[-1]["weight_sync/policy/receivers"] == 1
