@@ -165,7 +165,11 @@ def is_local_endpoint(endpoint: str) -> bool:
         return True
     if parts.scheme != "tcp":
         return False
-    host = parts.netloc.rsplit(":", 1)[0].strip("[]")
+    return is_loopback_host(parts.netloc.rsplit(":", 1)[0].strip("[]"))
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` (a name or address, no port) is reachable from this machine only."""
     if host == "localhost":
         return True
     try:

@@ -42,3 +42,10 @@ class Retriever(Protocol):
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         """For each query, its `topk` best passages, best first (fewer when the corpus is smaller)."""
         ...
+
+
+def hits_per_query(topk: int, corpus_size: int) -> int:
+    """How many hits a retriever returns per query: `topk`, or the whole corpus when it is smaller."""
+    if topk < 1:
+        raise ValueError(f"topk must be >= 1, got {topk}")
+    return min(topk, corpus_size)

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from drmas.retrieval.base import Hit, Passage
+from drmas.retrieval.base import Hit, Passage, hits_per_query
 from drmas.retrieval.corpus import corpus_fingerprint
 from drmas.retrieval.index_cache import build_once, cache_key, index_root
 
@@ -78,11 +78,9 @@ class BM25Retriever:
         bm25.save(str(tmp), show_progress=False)
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
-        if topk < 1:
-            raise ValueError(f"topk must be >= 1, got {topk}")
+        k = hits_per_query(topk, len(self.passages))
         if not queries:
             return []
-        k = min(topk, len(self.passages))
         tokens = self._tokenize(list(queries), show_progress=False)
         results: list[list[Hit]] = []
         # Thread-safe without a lock: scoring only reads the index arrays, and each call has its own buffers.

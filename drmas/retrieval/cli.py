@@ -8,9 +8,10 @@ subparsers and sets `func=main`; `main(args)` runs it. Also runnable alone:
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import sys
 from typing import Optional
+
+from drmas.buffer.config import is_loopback_host
 
 DENSE_DEFAULT = "default"  # `--dense` given without a directory: the offline all-MiniLM-L6-v2 package
 
@@ -34,15 +35,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     serve.add_argument("--max-queries", type=int, default=1024, help="most queries accepted in one request")
     retriever.set_defaults(func=main)
     return retriever
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def main(args: argparse.Namespace) -> int:
@@ -76,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError, ImportError) as exc:
         print(f"drmas retriever serve: {exc}", file=sys.stderr)
         return 2
-    if not is_loopback(args.host):
+    if not is_loopback_host(args.host):
         print(f"warning: the retrieval server listens on {args.host}, which is not a loopback address, and has no "
               "authentication: anyone who can reach this port can query it", file=sys.stderr)
     backend = "dense" if args.dense is not None else "bm25"

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from drmas.retrieval.base import Hit, Passage
+from drmas.retrieval.base import Hit, Passage, hits_per_query
 from drmas.retrieval.corpus import corpus_fingerprint
 from drmas.retrieval.index_cache import build_once, cache_key, index_root
 
@@ -174,11 +174,9 @@ class DenseRetriever:
         np.save(tmp / _EMBEDDINGS_FILE, embeddings)
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
-        if topk < 1:
-            raise ValueError(f"topk must be >= 1, got {topk}")
+        k = hits_per_query(topk, len(self.passages))
         if not queries:
             return []
-        k = min(topk, len(self.passages))
         vectors = self.encoder.encode(list(queries), batch_size=self._batch_size)
         scores, indices = self._index.search(vectors, k)
         return [[Hit(passage=self.passages[int(i)], score=float(s)) for s, i in zip(row_s, row_i) if i >= 0]

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from drmas.buffer.config import CurveKeys, start_curve_authenticator
+from drmas.buffer.config import CurveKeys, is_loopback_host, start_curve_authenticator
 from drmas.weights import messages as msg
 from drmas.weights.chunks import Layout, Packer, plan_layout
 from drmas.weights.config import WeightSyncConfig
@@ -460,7 +460,7 @@ class WeightSender:
         only those rollouts can join, and everything they learn about the rendezvous (store port, pair id)
         travels encrypted; pair ids then carry 128 random bits, so nobody can guess their way into a pair's
         gloo/NCCL rendezvous on the (unauthenticated) TCPStore. Binding a non-loopback address needs it."""
-        if curve is None and bind_host not in ("127.0.0.1", "localhost", "::1"):
+        if curve is None and not is_loopback_host(bind_host):
             raise ValueError(
                 f"refusing to serve weights on {bind_host!r} without CURVE keys: anyone on the network could "
                 "join the weight-sync group. Bind 127.0.0.1 or configure the pipeline.buffer.curve_* key files."
