@@ -1,5 +1,5 @@
-"""EpisodeRunner without models: a scripted engine and a two-agent orchestra show how rounds are batched,
-how `stream` admits and hands over episodes, and where the `on_round` hook lets weights change."""
+"""EpisodeRunner without models: a scripted engine and small orchestras show how rounds and tool calls are
+batched, how `stream` admits and hands over episodes, and where the `on_round` hook lets weights change."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from drmas.engines.base import Generation, SamplingParams
-from drmas.mas.base import AgentTurn, EpisodeOutcome, TurnResult
+from drmas.mas.base import AgentTurn, EpisodeOutcome, ToolCall, TurnResult
 from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 from drmas.tasks.base import Problem
 
@@ -109,3 +109,71 @@ def test_stream_stops_when_a_callback_raises():
     with pytest.raises(KeyboardInterrupt):
         _runner(engine, turns=4).stream(admit, lambda r: None)
     assert engine.batches == [2]
+
+
+# --- tool calls --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RecordingTool:
+    """Upper-cases its requests; records each batch it was called with."""
+
+    batches: list[list[str]] = field(default_factory=list)
+    short_by: int = 0  # return this many results too few (a broken tool)
+
+    def call_batch(self, requests):
+        self.batches.append(list(requests))
+        return [r.upper() for r in requests][: len(requests) - self.short_by]
+
+
+class LookUpTwice:
+    """Episode: agent a speaks, then `lookups` tool calls in a row, then agent b answers; the tool results
+    reach b's prompt, so a test can see each episode got its own."""
+
+    agents = ("a", "b")
+
+    def __init__(self, tool: RecordingTool, lookups: int = 2, tool_name: str = "upper") -> None:
+        self.tools = {"upper": tool}
+        self.lookups = lookups
+        self.tool_name = tool_name
+
+    def run(self, problem):
+        first = yield AgentTurn("a", [{"role": "user", "content": problem.question}])
+        found = []
+        for i in range(self.lookups):
+            found.append((yield ToolCall(self.tool_name, f"{problem.uid}-{i}")))
+        second = yield AgentTurn("b", [{"role": "user", "content": " ".join(found)}])
+        return EpisodeOutcome(reward=1.0, turns=[TurnResult("a", first, True), TurnResult("b", second, True)],
+                              info={"found": found})
+
+
+def _tool_runner(engine: ScriptedEngine, orchestra) -> EpisodeRunner:
+    specs = {a: AgentSpec("m", SamplingParams()) for a in ("a", "b")}
+    return EpisodeRunner(orchestra, {"m": engine}, specs, invalid_penalty=0.1, seed=0)
+
+
+def test_tool_calls_of_all_live_episodes_are_batched_per_round_and_results_reach_their_episode():
+    engine, tool = ScriptedEngine(), RecordingTool()
+    results = _tool_runner(engine, LookUpTwice(tool)).run(_requests(3))
+    # one tool batch per lookup round, holding the three episodes' requests; tool rounds add no engine call
+    assert tool.batches == [["p0-0", "p1-0", "p2-0"], ["p0-1", "p1-1", "p2-1"]]
+    assert engine.batches == [3, 3]
+    assert [r.outcome.info["found"] for r in results] == [[f"P{i}-0", f"P{i}-1"] for i in range(3)]
+    assert [[s.agent for s in r.samples] for r in results] == [["a", "b"]] * 3  # tool calls are not samples
+
+
+def test_tool_calls_do_not_change_what_is_sampled():
+    """Sampling seeds follow the agent turn index, so a system's tokens do not shift when it gains a tool."""
+    with_tools = _tool_runner(ScriptedEngine(), LookUpTwice(RecordingTool())).run(_requests(2))
+    plain = _runner(ScriptedEngine()).run(_requests(2))
+    assert [[s.turn for s in r.samples] for r in with_tools] == [[s.turn for s in r.samples] for r in plain]
+
+
+def test_unknown_tool_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="'search'.*its tools: \\['upper'\\]"):
+        _tool_runner(ScriptedEngine(), LookUpTwice(RecordingTool(), tool_name="search")).run(_requests(1))
+
+
+def test_a_tool_that_loses_results_is_an_error():
+    with pytest.raises(RuntimeError, match="tool 'upper' returned 1 results for 2 requests"):
+        _tool_runner(ScriptedEngine(), LookUpTwice(RecordingTool(short_by=1))).run(_requests(2))

@@ -300,8 +300,74 @@ def test_client_reports_unreachable_server():
     with socket.socket() as probe:  # a port that was free a moment ago and that nothing listens on
         probe.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{probe.getsockname()[1]}/retrieve"
-    with pytest.raises(RetrievalServerError, match="cannot reach retrieval server"):
-        HttpRetriever(url, timeout_s=5).search(["a"], 1)
+    with pytest.raises(RetrievalServerError, match="cannot reach retrieval server.*after 2 attempts"):
+        HttpRetriever(url, timeout_s=5, retries=1, backoff_s=0.01).search(["a"], 1)
+
+
+def test_client_splits_a_large_batch_into_requests_the_server_accepts(server, bm25):
+    queries = list(DISTINCTIVE_QUERIES.values()) * 3  # 12 queries; the server takes at most 4 per request
+    client = HttpRetriever(server.url, timeout_s=10, max_queries_per_request=4)
+    remote, local = client.search(queries, 2), bm25.search(queries, 2)
+    assert [[h.passage for h in q] for q in remote] == [[h.passage for h in q] for q in local]
+
+
+def test_client_waits_for_a_server_that_is_starting(bm25):
+    """A retrieval server restarting during a run: the client retries until it is back."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started: list[RetrievalServer] = []
+    timer = threading.Timer(0.5, lambda: started.append(RetrievalServer(bm25, port=port).start()))
+    timer.start()
+    try:
+        client = HttpRetriever(f"http://127.0.0.1:{port}/retrieve", timeout_s=5, retries=6, backoff_s=0.1)
+        hits = client.search([DISTINCTIVE_QUERIES["5"]], 1)
+        assert hits[0][0].passage.id == "5"
+    finally:
+        timer.join()
+        for srv in started:
+            srv.close()
+
+
+class _FlakyHandler(BaseHTTPRequestHandler):
+    """Answers the first `server.failures` requests with `server.status`, then a valid one-hit result."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.requests += 1
+        if self.server.requests <= self.server.failures:
+            status, body = self.server.status, json.dumps({"error": "busy"}).encode()
+        else:
+            status, body = 200, json.dumps({"result": [[{"id": "x", "contents": "T\nbody"}]]}).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.parametrize("status, retried", [(503, True), (500, True), (400, False), (422, False)])
+def test_client_retries_server_errors_but_not_refused_requests(status, retried):
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _FlakyHandler)
+    httpd.requests, httpd.failures, httpd.status = 0, 2, status
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = HttpRetriever(f"http://127.0.0.1:{httpd.server_address[1]}/retrieve", timeout_s=5, retries=3,
+                               backoff_s=0.01)
+        if retried:
+            assert client.search(["q"], 1)[0][0].passage.id == "x"
+            assert httpd.requests == 3
+        else:
+            with pytest.raises(RetrievalServerError, match=f"HTTP {status}: busy"):
+                client.search(["q"], 1)
+            assert httpd.requests == 1
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
 
 
 class _UnscoredSearchR1Handler(BaseHTTPRequestHandler):
@@ -353,8 +419,10 @@ def test_build_retriever_from_config(tmp_path):
     assert bm25.search(["clockmakers stone bridge"], 1)[0][0].passage.id == "3"
     from_task = build_retriever(RetrievalConfig(index_dir=str(tmp_path)), task=_WorldTask(), show_progress=False)
     assert from_task.search(["violet moon"], 1)[0][0].passage.id == "w1"
-    http = build_retriever(RetrievalConfig(backend="http", url="http://127.0.0.1:9/retrieve", timeout_s=2.0))
+    http = build_retriever(RetrievalConfig(backend="http", url="http://127.0.0.1:9/retrieve", timeout_s=2.0,
+                                           retries=5, max_queries_per_request=16))
     assert isinstance(http, HttpRetriever) and http.url == "http://127.0.0.1:9/retrieve"
+    assert (http.timeout_s, http.retries, http.max_queries_per_request) == (2.0, 5, 16)
 
 
 @pytest.mark.parametrize("cfg, task, expected", [
@@ -364,6 +432,8 @@ def test_build_retriever_from_config(tmp_path):
     (RetrievalConfig(batch_size=0, corpus=str(CORPUS)), None, "retrieval.batch_size"),
     (RetrievalConfig(backend="http", url="localhost:8000"), None, "retrieval.url"),
     (RetrievalConfig(backend="http", timeout_s=0), None, "retrieval.timeout_s"),
+    (RetrievalConfig(backend="http", retries=-1), None, "retrieval.retries: must be an integer >= 0"),
+    (RetrievalConfig(backend="http", max_queries_per_request=0), None, "retrieval.max_queries_per_request"),
 ])
 def test_build_retriever_rejects_bad_config_naming_the_key(cfg, task, expected):
     with pytest.raises(ValueError, match=re.escape(expected)):

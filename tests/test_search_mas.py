@@ -373,3 +373,45 @@ def test_episode_group_on_a_tiny_random_model_runs_all_three_agents(tiny_model, 
             assert len(sample.behaviour_logprobs) == len(sample.response_ids) > 0
             assert all(math.isfinite(lp) and lp <= 0.0 for lp in sample.behaviour_logprobs)
             assert sample.group_id == "g0" and sample.policy_version == engine.version
+
+
+class _CountingRetriever:
+    """The real BM25 retriever, recording how many queries each `search` call carried."""
+
+    def __init__(self, inner: BM25Retriever) -> None:
+        self.inner = inner
+        self.batches: list[int] = []
+
+    def search(self, queries, topk):
+        self.batches.append(len(queries))
+        return self.inner.search(queries, topk)
+
+
+class _RoleScriptedEngine:
+    """Stands in for an LLM that always keeps searching: the agent is told apart by its max_new_tokens."""
+
+    version = 0
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.replies = {11: NO, 12: SEARCH_ORLA, 13: ANSWER}
+
+    def generate(self, prompts, params):
+        from drmas.engines.base import Generation
+
+        return [Generation([1], [-0.1], self.replies[p.max_new_tokens], "stop", 0) for p in params]
+
+
+def test_runner_batches_the_searches_of_all_episodes_into_one_retriever_call(tiny_model, retriever) -> None:
+    from drmas.engines.base import SamplingParams
+    from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
+
+    counting = _CountingRetriever(retriever)
+    specs = {name: AgentSpec("m", SamplingParams(max_new_tokens=n)) for name, n in zip(ROLES.values(), (11, 12, 13))}
+    runner = EpisodeRunner(make(counting, max_turns=3), {"m": _RoleScriptedEngine(tiny_model[1])}, specs,
+                           invalid_penalty=0.01, seed=0)
+    results = runner.run([EpisodeRequest(f"e{i}", "g0", PROBLEM) for i in range(5)])
+    assert counting.batches == [5, 5]  # two search turns, each one call for the five episodes
+    for result in results:
+        assert result.outcome.info["searches"] == 2 and result.outcome.info["retrieved_ids"][0] == "w0"
+        assert result.outcome.reward == 1.0

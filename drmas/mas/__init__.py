@@ -1,8 +1,8 @@
 """Multi-agent systems: agents (prompting + parsing of one role) and orchestras (turn logic of an episode)."""
 
-from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra, TurnResult
+from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra, Tool, ToolCall, TurnResult
 from drmas.registry import Registry
 
 ORCHESTRAS: Registry = Registry("orchestra")
 
-__all__ = ["ORCHESTRAS", "AgentTurn", "EpisodeOutcome", "Orchestra", "TurnResult"]
+__all__ = ["ORCHESTRAS", "AgentTurn", "EpisodeOutcome", "Orchestra", "Tool", "ToolCall", "TurnResult"]

@@ -22,20 +22,22 @@ grades with `drmas.tasks.qa_grading` itself rather than through `task.grade`, so
 system's setting whatever the task was built with. The invalid-action penalty is applied per sample by
 the episode runner (`algorithm.invalid_penalty`).
 
-The retriever is called synchronously inside the episode generator, one query at a time.
+Retrieval is the orchestra's one tool (`RETRIEVE`): an episode yields a `ToolCall` with its query and the
+episode runner batches the queries of all episodes searching in the same round into one `search` call
+(one HTTP request for a retrieval server, one BM25/faiss batch in process).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generator, Mapping, Optional
+from typing import Generator, Mapping, Optional, Sequence
 
 from drmas.config.schema import SystemConfig
 from drmas.mas import ORCHESTRAS
 from drmas.mas.agents import AGENT_ROLES, RoleAgent
-from drmas.mas.base import AgentTurn, EpisodeGenerator, EpisodeOutcome, TurnResult
+from drmas.mas.base import AgentTurn, EpisodeGenerator, EpisodeOutcome, ToolCall, TurnResult
 from drmas.mas.search_agents import YES, SearchContext
-from drmas.retrieval.base import Retriever
+from drmas.retrieval.base import Hit, Retriever
 from drmas.tasks.base import Problem, Task
 from drmas.tasks.qa_grading import check_metric, score_answer
 
@@ -43,6 +45,18 @@ ROUTER = "router"
 SEARCHER = "searcher"
 ANSWERER = "answerer"
 ROLES = (ROUTER, SEARCHER, ANSWERER)
+RETRIEVE = "retrieve"  # the tool name episodes call with a query
+
+
+class RetrievalTool:
+    """The search system's tool: a batch of queries -> each query's top-k hits, in one retriever call."""
+
+    def __init__(self, retriever: Retriever, topk: int) -> None:
+        self.retriever = retriever
+        self.topk = topk
+
+    def call_batch(self, queries: Sequence[str]) -> list[list[Hit]]:
+        return [hits[: self.topk] for hits in self.retriever.search(list(queries), self.topk)]
 
 
 @dataclass
@@ -84,6 +98,7 @@ class SearchOrchestra:
         self.task = task
         self.retriever = retriever
         self.topk = topk
+        self.tools = {RETRIEVE: RetrievalTool(retriever, topk)}
         self.names: dict[str, str] = {role: agents_by_role[role] for role in ROLES}
         self.agents: tuple[str, ...] = tuple(self.names[role] for role in ROLES)
         self.roles: dict[str, RoleAgent] = {role: AGENT_ROLES.get(role)() for role in ROLES}
@@ -126,7 +141,7 @@ class SearchOrchestra:
             episode.malformed_verdicts += 1
         return verdict == YES
 
-    def _search(self, problem: Problem, episode: _Episode) -> Generator[AgentTurn, str, None]:
+    def _search(self, problem: Problem, episode: _Episode) -> Generator[AgentTurn | ToolCall, object, None]:
         """One searcher call and, when it wrote a query, one retrieval whose passages join the history."""
         text = yield from self._call(SEARCHER, problem, episode)
         query = self.roles[SEARCHER].parse(text)
@@ -134,7 +149,7 @@ class SearchOrchestra:
             episode.failed_searches += 1
             episode.context.add_search(None)
             return
-        hits = self.retriever.search([query], self.topk)[0][: self.topk]
+        hits = yield ToolCall(RETRIEVE, query)
         episode.searches += 1
         episode.retrieved_ids.extend(hit.passage.id for hit in hits)
         episode.context.add_search(query, hits)

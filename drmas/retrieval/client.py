@@ -2,8 +2,12 @@
 
 It always asks for scores, but accepts both answer shapes: `{"document": row, "score": s}` items and bare
 corpus rows (servers that ignore `return_scores`; their hits get score NaN). Rows may carry `contents` or
-`title` + `text`. Any failure (unreachable server, HTTP error, an answer of the wrong shape) raises
-`RetrievalServerError` with the URL and, for an HTTP error, the server's own message.
+`title` + `text`. A batch of queries larger than `max_queries_per_request` goes out as several requests.
+
+Failures that a restarting or overloaded server causes (no connection, a timeout, HTTP 5xx) are retried
+`retries` times with exponential backoff, so a long training run survives a retrieval server restart; a
+request the server refuses (HTTP 4xx) or an answer of the wrong shape is not retried. What still fails
+raises `RetrievalServerError` with the URL and, for an HTTP error, the server's own message.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import time
 import urllib.error
 import urllib.request
 from typing import Sequence
@@ -23,25 +28,50 @@ class RetrievalServerError(RuntimeError):
     """A retrieval server could not be reached, refused a request, or answered something unreadable."""
 
 
+class _Transient(RetrievalServerError):
+    """A failure a later attempt may not meet (no connection, timeout, HTTP 5xx)."""
+
+
 class HttpRetriever:
     """Retriever protocol over HTTP: `search` POSTs to `url` (a server's /retrieve URL). Thread-safe."""
 
-    def __init__(self, url: str, timeout_s: float = 30.0):
+    def __init__(self, url: str, timeout_s: float = 30.0, retries: int = 3, backoff_s: float = 0.5,
+                 max_queries_per_request: int = 256):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"retrieval server URL must start with http:// or https://, got {url!r}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if retries < 0 or backoff_s < 0:
+            raise ValueError(f"retries and backoff_s must be >= 0, got {retries} and {backoff_s}")
+        if max_queries_per_request < 1:
+            raise ValueError(f"max_queries_per_request must be >= 1, got {max_queries_per_request}")
         self.url = url
         self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_queries_per_request = max_queries_per_request
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
         queries = list(queries)
-        if not queries:
-            return []
-        answer = self._post({"queries": queries, "topk": topk, "return_scores": True})
-        return self._parse(answer, len(queries))
+        hits: list[list[Hit]] = []
+        for start in range(0, len(queries), self.max_queries_per_request):
+            part = queries[start : start + self.max_queries_per_request]
+            answer = self._post_with_retries({"queries": part, "topk": topk, "return_scores": True})
+            hits.extend(self._parse(answer, len(part)))
+        return hits
+
+    def _post_with_retries(self, payload: dict) -> object:
+        """`_post`, retried after failures worth retrying, waiting backoff_s, 2 x backoff_s, ... (at most 30 s)."""
+        for attempt in range(self.retries + 1):
+            try:
+                return self._post(payload)
+            except _Transient as exc:
+                if attempt == self.retries:
+                    raise RetrievalServerError(f"{exc} (after {attempt + 1} attempts)") from None
+                time.sleep(min(30.0, self.backoff_s * 2**attempt))
+        raise AssertionError("unreachable")
 
     def _post(self, payload: dict) -> object:
         request = urllib.request.Request(
@@ -52,11 +82,11 @@ class HttpRetriever:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 body = response.read()
         except urllib.error.HTTPError as exc:
-            raise RetrievalServerError(
-                f"retrieval server {self.url} answered HTTP {exc.code}: {_server_message(exc)}") from None
+            error = _Transient if exc.code >= 500 else RetrievalServerError
+            raise error(f"retrieval server {self.url} answered HTTP {exc.code}: {_server_message(exc)}") from None
         except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise RetrievalServerError(f"cannot reach retrieval server {self.url}: {reason}") from None
+            raise _Transient(f"cannot reach retrieval server {self.url}: {reason}") from None
         try:
             return json.loads(body)
         except ValueError as exc:

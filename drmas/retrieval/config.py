@@ -33,6 +33,13 @@ class RetrievalConfig:
     )
     url: str = _f("http://127.0.0.1:8000/retrieve", "backend=http: the retrieval server's /retrieve URL.")
     timeout_s: float = _f(30.0, "backend=http: seconds to wait for one retrieval request.")
+    retries: int = _f(
+        3,
+        "backend=http: attempts after a failed connection, a timeout or an HTTP 5xx, with exponential backoff "
+        "from 0.5 s (so a server restart does not end a run); a refused request (HTTP 4xx) is never retried.",
+    )
+    max_queries_per_request: int = _f(
+        256, "backend=http: a round's queries are sent in requests of at most this many (servers cap batches).")
     index_dir: Optional[str] = _f(
         None, "Where built indexes are cached (null: <DRMAS_CACHE>/indexes, keyed by corpus content and settings)."
     )

@@ -22,6 +22,10 @@ def validate_retrieval_config(cfg: RetrievalConfig, prefix: str = "retrieval") -
         raise ValueError(f"{prefix}.topk: must be an integer >= 1, got {cfg.topk!r}")
     if isinstance(cfg.batch_size, bool) or not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
         raise ValueError(f"{prefix}.batch_size: must be an integer >= 1, got {cfg.batch_size!r}")
+    for key in ("retries", "max_queries_per_request"):
+        value, least = getattr(cfg, key), 0 if key == "retries" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{prefix}.{key}: must be an integer >= {least}, got {value!r}")
     if not cfg.timeout_s > 0:
         raise ValueError(f"{prefix}.timeout_s: must be > 0, got {cfg.timeout_s!r}")
     if cfg.backend == "http" and not str(cfg.url).startswith(("http://", "https://")):
@@ -49,7 +53,8 @@ def build_retriever(cfg: RetrievalConfig, task: Optional[object] = None, show_pr
     if cfg.backend == "http":
         from drmas.retrieval.client import HttpRetriever
 
-        return HttpRetriever(cfg.url, timeout_s=cfg.timeout_s)
+        return HttpRetriever(cfg.url, timeout_s=cfg.timeout_s, retries=cfg.retries,
+                             max_queries_per_request=cfg.max_queries_per_request)
     passages = corpus_for(cfg, task)
     if cfg.backend == "bm25":
         from drmas.retrieval.bm25 import BM25Retriever

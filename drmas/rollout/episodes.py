@@ -3,7 +3,9 @@
 Each orchestra episode is a generator waiting on one agent turn. Every round, the runner gathers the
 pending turns of all live episodes, groups them by the model that serves the agent, makes one batched
 `generate` call per engine, and sends each episode its response. Episodes of different lengths simply
-finish at different rounds. The result is one `Sample` per agent call, rewards filled in.
+finish at different rounds. The result is one `Sample` per agent call, rewards filled in. Tool calls
+(`ToolCall`, e.g. retrievals) are batched the same way, one call per tool for all the episodes waiting on
+it, before each round's generation.
 
 `run` drives a fixed set of episodes to their end (training steps, evaluation). `stream` keeps a rollout
 process busy instead: before every round it asks for new episodes, so finished ones are replaced at once,
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
 from drmas.engines.base import Engine, Generation, SamplingParams
-from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra
+from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra, ToolCall
 from drmas.protocol import Sample
 from drmas.tasks.base import Problem
 
@@ -61,7 +63,7 @@ class _Call:
 class _Live:
     request: EpisodeRequest
     episode: object  # the orchestra's generator
-    turn: AgentTurn
+    turn: AgentTurn | ToolCall  # what the episode waits for
     calls: list[_Call] = field(default_factory=list)
 
 
@@ -90,6 +92,7 @@ class EpisodeRunner:
             if spec.model not in engines:
                 raise ValueError(f"agent {name!r} uses model {spec.model!r} which has no engine")
         self.orchestra = orchestra
+        self.tools = dict(getattr(orchestra, "tools", None) or {})
         self.engines = engines
         self.agents = agents
         self.invalid_penalty = invalid_penalty
@@ -138,7 +141,9 @@ class EpisodeRunner:
             live = self._round(live, on_result)
 
     def _round(self, live: list[_Live], on_result: Callable[[EpisodeResult], None]) -> list[_Live]:
-        """One batched generate call per engine for the pending turns; returns the episodes still live."""
+        """Pending tool calls first, then one batched generate call per engine for the pending agent turns;
+        returns the episodes still live."""
+        live = self._call_tools(live, on_result)
         by_model: dict[str, list[_Live]] = defaultdict(list)
         for item in live:
             by_model[self.agents[item.turn.agent].model].append(item)
@@ -149,6 +154,27 @@ class EpisodeRunner:
                 item.calls.append(_Call(item.turn.agent, model, prompt_ids, gen))
                 self._advance(item, gen.text, still_live, on_result)
         return still_live
+
+    def _call_tools(self, live: list[_Live], on_result: Callable[[EpisodeResult], None]) -> list[_Live]:
+        """Answer every pending tool call, one batched call per tool, until each live episode waits on an
+        agent turn (an episode may call tools several times in a row); returns the episodes still live."""
+        while True:
+            by_tool: dict[str, list[_Live]] = defaultdict(list)
+            ready: list[_Live] = []
+            for item in live:
+                if isinstance(item.turn, ToolCall):
+                    by_tool[item.turn.tool].append(item)
+                else:
+                    ready.append(item)
+            if not by_tool:
+                return live
+            for tool, items in by_tool.items():
+                results = self.tools[tool].call_batch([item.turn.request for item in items])
+                if len(results) != len(items):
+                    raise RuntimeError(f"tool {tool!r} returned {len(results)} results for {len(items)} requests")
+                for item, result in zip(items, results):
+                    self._advance(item, result, ready, on_result)
+            live = ready
 
     def _generate(self, model: str, items: list[_Live]) -> list[tuple[list[int], Generation]]:
         engine = self.engines[model]
@@ -171,16 +197,21 @@ class EpisodeRunner:
         return [int(t) for t in ids]
 
     def _advance(
-        self, item: _Live, response: str | None, live: list[_Live], on_result: Callable[[EpisodeResult], None]
+        self, item: _Live, response: object, live: list[_Live], on_result: Callable[[EpisodeResult], None]
     ) -> None:
-        """Send the response (None to start) and either queue the next turn or finish the episode."""
+        """Send the response or tool result (None to start) and either queue what the episode asks for
+        next or finish the episode."""
         try:
             item.turn = item.episode.send(response)  # type: ignore[attr-defined]
         except StopIteration as stop:
             outcome: EpisodeOutcome = stop.value
             on_result(EpisodeResult(item.request, outcome, self._samples(item, outcome)))
             return
-        if item.turn.agent not in self.agents:
+        if isinstance(item.turn, ToolCall):
+            if item.turn.tool not in self.tools:
+                raise ValueError(f"orchestra called tool {item.turn.tool!r} which it does not provide "
+                                 f"(its tools: {sorted(self.tools) or 'none'})")
+        elif item.turn.agent not in self.agents:
             raise ValueError(f"orchestra asked for agent {item.turn.agent!r} which is not configured")
         live.append(item)
 
