@@ -96,7 +96,7 @@ def test_corpus_loads_both_row_layouts():
 
 
 @pytest.mark.parametrize("bad_line, expected", [
-    ('{"id": "2", "contents": "Title\\ntext"', "not valid JSON"),
+    ('{"id": "2", "contents": "Title\\ntext"', "invalid JSON"),
     ('{"id": "2"}', "missing field 'contents'"),
     ('{"contents": "Title\\ntext"}', "missing field 'id'"),
     ('{"id": "2", "contents": 7}', "'contents' must be a string"),

@@ -16,6 +16,7 @@ from typing import Iterable, Optional
 
 import msgspec
 
+from drmas.jsonl import jsonl_records
 from drmas.retrieval.base import Passage
 
 
@@ -62,25 +63,16 @@ def load_passages(path: str | Path, limit: Optional[int] = None) -> list[Passage
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus file not found: {path}")
-    decoder = msgspec.json.Decoder()
     passages: list[Passage] = []
     first_line_of: dict[str, int] = {}
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = decoder.decode(raw)
-            except msgspec.DecodeError as exc:
-                raise CorpusError(f"{where}: not valid JSON ({exc})") from None
-            passage = passage_from_row(row, where)
-            if passage.id in first_line_of:
-                raise CorpusError(f"{where}: duplicate id {passage.id!r} (first seen on line {first_line_of[passage.id]})")
-            first_line_of[passage.id] = lineno
-            passages.append(passage)
-            if limit is not None and len(passages) >= limit:
-                break
+    for where, lineno, row in jsonl_records(path, CorpusError):
+        passage = passage_from_row(row, where)
+        if passage.id in first_line_of:
+            raise CorpusError(f"{where}: duplicate id {passage.id!r} (first seen on line {first_line_of[passage.id]})")
+        first_line_of[passage.id] = lineno
+        passages.append(passage)
+        if limit is not None and len(passages) >= limit:
+            break
     if not passages:
         raise CorpusError(f"{path}: the corpus file holds no passages")
     return passages

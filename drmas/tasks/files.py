@@ -15,12 +15,12 @@ every bad row fails with its file and line (jsonl, 1-based) or row index (parque
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from drmas.config.schema import TaskConfig
+from drmas.jsonl import jsonl_records
 from drmas.tasks import TASKS
 from drmas.tasks.base import Problem
 from drmas.tasks.grading import extract_boxed, grade_answer
@@ -44,7 +44,7 @@ def read_rows(path: Path) -> list[Row]:
         raise FileNotFoundError(f"task file not found: {path}")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        rows = list(_jsonl_rows(path))
+        rows = [Row(where, record) for where, _, record in jsonl_records(path)]
     elif suffix == ".parquet":
         rows = list(_parquet_rows(path))
     else:
@@ -53,22 +53,6 @@ def read_rows(path: Path) -> list[Row]:
     if not rows:
         raise ValueError(f"{path}: the file holds no problems")
     return rows
-
-
-def _jsonl_rows(path: Path) -> Iterator[Row]:
-    """Records of a JSON-lines file; blank lines are skipped (editors and concatenation leave them)."""
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{where}: invalid JSON: {error}") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            yield Row(where, record)
 
 
 def _parquet_rows(path: Path) -> Iterator[Row]:
