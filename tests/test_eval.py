@@ -185,6 +185,83 @@ def test_an_interrupted_eval_keeps_the_questions_it_finished(tmp_path):
     assert not (out / "eval.json").exists()
 
 
+def _prepared(out: Path, *overrides: str):
+    from drmas.config import load_config
+
+    return prepare(load_config(SMOKE, [f"trainer.output_dir={out}", "eval.k=2", "logging.tensorboard=false",
+                                       *overrides]), None)
+
+
+def _counting_runs(ev, interrupt_at: int = 0) -> list[int]:
+    """Count the episodes of each runner.run call; raise KeyboardInterrupt on call `interrupt_at` (1-based)."""
+    real_run, calls = ev.runner.run, []
+
+    def run(requests):
+        calls.append(len(requests))
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return real_run(requests)
+
+    ev.runner.run = run
+    return calls
+
+
+def _without_timing(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k not in ("wall_seconds", "resumed_questions")}
+
+
+def test_a_resumed_eval_samples_only_the_missing_questions_and_equals_an_uninterrupted_one(tmp_path):
+    whole = run_evaluation(_prepared(tmp_path / "whole", "eval.max_questions=3"), questions_per_chunk=1,
+                           log=lambda _: None)
+
+    out = tmp_path / "cut"
+    ev = _prepared(out, "eval.max_questions=3")
+    _counting_runs(ev, interrupt_at=3)  # killed while the third question runs
+    with pytest.raises(KeyboardInterrupt):
+        run_evaluation(ev, questions_per_chunk=1, log=lambda _: None)
+    ev = _prepared(out, "eval.max_questions=3", "eval.resume=true")
+    calls, said = _counting_runs(ev), []
+    resumed = run_evaluation(ev, questions_per_chunk=1, log=said.append)
+    assert calls == [2]  # only the third question's k=2 episodes
+    assert said[0].startswith("eval.resume: 2 of 3 questions taken from")
+    assert resumed["resumed_questions"] == 2
+    assert _without_timing(resumed) == _without_timing(whole)  # scores and per-agent behaviour alike
+    assert (out / "eval_questions.jsonl").read_text() == (tmp_path / "whole" / "eval_questions.jsonl").read_text()
+
+    # extending the question set samples only the new questions
+    ev = _prepared(out, "eval.max_questions=4", "eval.resume=true")
+    calls = _counting_runs(ev)
+    extended = run_evaluation(ev, questions_per_chunk=1, log=lambda _: None)
+    assert calls == [2] and extended["benchmarks"]["arithmetic"]["n_questions"] == 4
+
+
+def test_resume_drops_a_torn_last_line_and_starts_fresh_without_an_earlier_eval(tmp_path):
+    out = tmp_path / "out"
+    ev = _prepared(out, "eval.max_questions=2", "eval.resume=true")  # nothing to resume: a fresh evaluation
+    assert ev.done == {}
+    run_evaluation(ev, questions_per_chunk=1, log=lambda _: None)
+    log = out / "eval_questions.jsonl"
+    first, second = log.read_text().splitlines()
+    log.write_text(first + "\n" + second[: len(second) // 2])  # killed while writing the second question
+    ev = _prepared(out, "eval.max_questions=2", "eval.resume=true")
+    assert [uid for _, uid in ev.done] == [json.loads(first)["uid"]]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("eval.k_temperature=0.9", "sampling.temperature"),
+    ("trainer.seed=7", "sampling.seed"),
+    ("agents.solver.max_new_tokens=5", "agents.solver.max_new_tokens"),
+])
+def test_resume_with_other_sampling_settings_is_refused_naming_them(tmp_path, capsys, override, key):
+    out = tmp_path / "out"
+    run_evaluation(_prepared(out, "eval.max_questions=1"), log=lambda _: None)
+    code = cli(["eval", "--config", str(SMOKE), f"trainer.output_dir={out}", "eval.k=2", "eval.max_questions=1",
+                "eval.resume=true", override])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "eval.resume" in err and key in err
+
+
 def test_eval_of_a_checkpoint_from_a_one_step_run(tmp_path):
     from drmas.cli import main as drmas_main
 

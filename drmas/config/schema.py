@@ -155,6 +155,11 @@ class EvalConfig:
     benchmarks: dict[str, str] = _f(
         dict, "`drmas eval`: benchmark name -> problems file in the task's format (empty: the task's held-out split)."
     )
+    resume: bool = _f(
+        False,
+        "`drmas eval`: continue the evaluation in trainer.output_dir: questions it finished (eval_questions.jsonl) "
+        "are kept, not sampled again; refused if the sampling settings changed. A larger max_questions extends it.",
+    )
 
 
 @dataclass

@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 from drmas import assembly, checkpoint as run_checkpoint
 from drmas.config.schema import DrmasConfig
-from drmas.evaluation import outputs
+from drmas.evaluation import outputs, resume
 from drmas.evaluation.behaviour import behaviour_stats
 from drmas.evaluation.models import checkpoint_step, eval_model_dirs
 from drmas.evaluation.passk import score_table
@@ -50,6 +50,9 @@ class Evaluation:
     runner: EpisodeRunner
     benchmarks: dict[str, list[Problem]]
     agents: tuple[str, ...]
+    settings: dict = field(default_factory=dict)  # what decides the samples (eval_run.json)
+    kept: list[dict] = field(default_factory=list)  # eval.resume: the earlier evaluation's question records
+    done: dict = field(default_factory=dict)  # eval.resume: (benchmark, uid) -> its k outcomes
 
 
 def prepare(cfg: DrmasConfig, checkpoint: Optional[Path]) -> Evaluation:
@@ -74,8 +77,10 @@ def prepare(cfg: DrmasConfig, checkpoint: Optional[Path]) -> Evaluation:
     }
     runner = EpisodeRunner(orchestra, engines, eval_agent_specs(cfg), cfg.algorithm.invalid_penalty,
                            seed=cfg.trainer.seed)
+    settings = resume.sample_settings(cfg, checkpoint, model_dirs)
+    kept, done = resume.completed_questions(Path(cfg.trainer.output_dir), settings) if cfg.eval.resume else ([], {})
     return Evaluation(cfg, checkpoint, checkpoint_step(checkpoint), model_dirs, runner, benchmarks,
-                      tuple(orchestra.agents))
+                      tuple(orchestra.agents), settings, kept, done)
 
 
 def run_evaluation(ev: Evaluation, questions_per_chunk: Optional[int] = None,
@@ -90,9 +95,14 @@ def run_evaluation(ev: Evaluation, questions_per_chunk: Optional[int] = None,
     total = sum(len(problems) for problems in ev.benchmarks.values()) * k
     start = time.perf_counter()
     out = Path(cfg.trainer.output_dir)
+    done = ev.done
     for stale in (outputs.REPORT_FILE, outputs.MARKDOWN_FILE):  # never leave an earlier run's results beside
         (out / stale).unlink(missing_ok=True)  # this run's questions if it is interrupted
-    questions = outputs.QuestionLog(out)
+    resume.write_settings(out, ev.settings)
+    questions = outputs.QuestionLog(out, keep=ev.kept)
+    resumed = sum(1 for name, problems in ev.benchmarks.items() for p in problems if (name, p.uid) in done)
+    if cfg.eval.resume:
+        log(f"eval.resume: {resumed} of {total // k} questions taken from {questions.path}")
 
     def record(name: str, problems: list[Problem], outcomes: list) -> None:
         questions.append(name, problems, outcomes)
@@ -100,13 +110,16 @@ def run_evaluation(ev: Evaluation, questions_per_chunk: Optional[int] = None,
 
     runs: list[BenchmarkSamples] = []
     try:
-        with tqdm(total=total, desc="eval", unit="episode", disable=not cfg.logging.progress_bar) as bar:
+        with tqdm(total=total, initial=resumed * k, desc="eval", unit="episode",
+                  disable=not cfg.logging.progress_bar) as bar:
             for name, problems in ev.benchmarks.items():
                 bar.set_postfix_str(name)
-                runs.append(sample_benchmark(ev.runner, name, problems, k, questions_per_chunk, record))
+                finished = {uid: outcomes for (bench, uid), outcomes in done.items() if bench == name}
+                runs.append(sample_benchmark(ev.runner, name, problems, k, questions_per_chunk, record, finished))
     finally:
         questions.close()
     report = build_report(ev, runs, wall_seconds=time.perf_counter() - start)
+    report["resumed_questions"] = resumed
     outputs.write_report(out, report)
     (out / outputs.MARKDOWN_FILE).write_text(outputs.markdown(report))
     if cfg.logging.tensorboard:

@@ -2,17 +2,19 @@
 
 The report is one plain dict (see `command.build_report`); every sink renders that dict, so the JSON, the
 markdown table, the TensorBoard scalars and the rich table can never disagree. Per-question results are
-streamed to eval_questions.jsonl while the evaluation runs.
+streamed to eval_questions.jsonl while the evaluation runs, with every episode's turns and info, so an
+interrupted evaluation can be resumed from them (see `resume.py`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Sequence
 
-from drmas.mas.base import EpisodeOutcome
+from drmas.mas.base import EpisodeOutcome, TurnResult
 from drmas.tasks.base import Problem
 
 REPORT_FILE = "eval.json"
@@ -27,15 +29,39 @@ def write_report(out: Path, report: dict) -> Path:
     return path
 
 
+def outcome_record(outcome: EpisodeOutcome) -> dict:
+    """One episode as JSON: reward, final answer, its turns ([agent, valid, text]) and its info."""
+    return {
+        "reward": float(outcome.reward),
+        "final_answer": outcome.final_answer,
+        "turns": [[t.agent, bool(t.valid), t.text] for t in outcome.turns],
+        "info": json.loads(json.dumps(outcome.info, default=str)),
+    }
+
+
+def outcome_from_record(record: dict) -> EpisodeOutcome:
+    """The inverse of `outcome_record` (KeyError / TypeError / ValueError for a malformed record)."""
+    turns = [TurnResult(str(agent), str(text), bool(valid)) for agent, valid, text in record["turns"]]
+    info = record["info"]
+    if not isinstance(info, dict):
+        raise TypeError(f"'info' must be an object, got {type(info).__name__}")
+    return EpisodeOutcome(float(record["reward"]), turns, str(record["final_answer"]), info)
+
+
 class QuestionLog:
     """`eval_questions.jsonl`, one line per question (benchmark, uid, gold answer, the k rewards and final
-    answers), appended as each chunk of questions finishes: an evaluation that is interrupted or killed
-    still leaves the scores of every question it completed."""
+    answers, and the k episodes in full), appended as each chunk of questions finishes: an evaluation that
+    is interrupted or killed still leaves every question it completed. `keep` are earlier records (of a
+    resumed evaluation) written first."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, keep: Sequence[dict] = ()) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.path = out / QUESTIONS_FILE
-        self._handle = self.path.open("w", buffering=1)
+        staged = self.path.with_name(QUESTIONS_FILE + ".tmp")  # replaced in one step: a kill now loses nothing
+        with staged.open("w") as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in keep)
+        os.replace(staged, self.path)
+        self._handle = self.path.open("a", buffering=1)
 
     def append(self, benchmark: str, problems: Sequence[Problem], outcomes: Sequence[Sequence[EpisodeOutcome]]) -> None:
         for problem, row in zip(problems, outcomes):
@@ -45,6 +71,7 @@ class QuestionLog:
                 "answer": problem.answer,
                 "rewards": [float(o.reward) for o in row],
                 "final_answers": [o.final_answer for o in row],
+                "episodes": [outcome_record(o) for o in row],
             }
             self._handle.write(json.dumps(record) + "\n")
         self._handle.flush()

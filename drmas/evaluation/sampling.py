@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from drmas import assembly
 from drmas.config.schema import DrmasConfig, EvalConfig
@@ -97,20 +97,27 @@ def sample_benchmark(
     k: int,
     questions_per_chunk: int,
     on_chunk: Callable[[str, list[Problem], list[list[EpisodeOutcome]]], None] = lambda *_: None,
+    done: Mapping[str, list[EpisodeOutcome]] | None = None,
 ) -> BenchmarkSamples:
     """Run k episodes per question, `questions_per_chunk` questions per `runner.run` call (bounding the
     episodes alive at once); `on_chunk(name, problems, outcomes)` gets each finished chunk's questions and
-    their k outcomes each, so progress and per-question results can be recorded as they come."""
+    their k outcomes each, so progress and per-question results can be recorded as they come.
+
+    `done` maps question uids to the k outcomes of an earlier, interrupted evaluation: those questions are
+    taken as they are and not sampled again (nor passed to `on_chunk`)."""
     if questions_per_chunk < 1:
         raise ValueError(f"questions_per_chunk must be >= 1, got {questions_per_chunk}")
+    done = done or {}
     result = BenchmarkSamples(name, list(problems))
     for start in range(0, len(problems), questions_per_chunk):
         chunk = range(start, min(start + questions_per_chunk, len(problems)))
+        todo = [q for q in chunk if problems[q].uid not in done]
         requests = [
-            EpisodeRequest(f"eval/{name}/q{q}/s{s}", f"eval/{name}/q{q}", problems[q]) for q in chunk for s in range(k)
+            EpisodeRequest(f"eval/{name}/q{q}/s{s}", f"eval/{name}/q{q}", problems[q]) for q in todo for s in range(k)
         ]
-        episodes = runner.run(requests)
-        rows = [[e.outcome for e in episodes[offset * k : (offset + 1) * k]] for offset in range(len(chunk))]
-        result.outcomes.extend(rows)
-        on_chunk(name, [problems[q] for q in chunk], rows)
+        episodes = runner.run(requests) if requests else []
+        fresh = {q: [e.outcome for e in episodes[i * k : (i + 1) * k]] for i, q in enumerate(todo)}
+        result.outcomes.extend(fresh[q] if q in fresh else done[problems[q].uid] for q in chunk)
+        if todo:
+            on_chunk(name, [problems[q] for q in todo], [fresh[q] for q in todo])
     return result

@@ -1,0 +1,105 @@
+"""Resuming an interrupted `drmas eval` (`eval.resume=true`).
+
+A k=16 evaluation of a multi-turn system takes hours on a CPU, so losing it to a killed process or a
+reboot is expensive. Every finished chunk of questions is already in eval_questions.jsonl with its full
+episodes; a resumed evaluation loads those questions instead of sampling them again and samples only the
+rest. Because every episode draws from its own seeded stream (seed, episode id, turn), the resumed result
+equals an uninterrupted one's (up to float rounding of differently composed batches). The same mechanism
+extends an evaluation: resume with a larger `eval.max_questions` and only the new questions run.
+
+Resuming is only sound when everything that decides the samples is unchanged, so `eval_run.json` records
+those settings when an evaluation starts, and a resume with different ones is refused, naming the keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Optional
+
+from drmas.config.schema import DrmasConfig
+from drmas.evaluation import outputs
+from drmas.mas.base import EpisodeOutcome
+
+RUN_FILE = "eval_run.json"
+
+
+def sample_settings(cfg: DrmasConfig, checkpoint: Optional[Path], model_dirs: dict) -> dict:
+    """Everything that decides which episodes an evaluation samples, as plain JSON values.
+
+    Left out on purpose: output paths, logging, threads, and `eval.max_questions` (a resume may extend the
+    question set).
+    """
+    def encode(value: object) -> object:
+        return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
+
+    def plain(value: object) -> object:
+        return json.loads(json.dumps(value, default=encode, sort_keys=True))
+
+    return {
+        "checkpoint": str(checkpoint) if checkpoint is not None else None,
+        "model_dirs": {m: str(p) for m, p in sorted(model_dirs.items())},
+        "models": plain({m: cfg.models[m] for m in sorted(cfg.models)}),
+        "agents": plain({a: cfg.agents[a] for a in sorted(cfg.agents)}),
+        "system": plain(cfg.system),
+        "task": plain(cfg.task),
+        "retrieval": plain(cfg.retrieval),
+        "invalid_penalty": cfg.algorithm.invalid_penalty,
+        "sampling": {"k": cfg.eval.k, "temperature": cfg.eval.k_temperature, "top_p": cfg.eval.k_top_p,
+                     "seed": cfg.trainer.seed, "engine": cfg.rollout.engine,
+                     "max_batch_size": cfg.rollout.max_batch_size},
+        "benchmarks": plain(dict(cfg.eval.benchmarks)),
+    }
+
+
+def write_settings(out: Path, settings: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RUN_FILE).write_text(json.dumps({"settings": settings}, indent=1) + "\n")
+
+
+def completed_questions(out: Path, settings: dict) -> tuple[list[dict], dict[tuple[str, str], list[EpisodeOutcome]]]:
+    """The records of eval_questions.jsonl in `out` that a resume keeps, and their outcomes by (benchmark, uid).
+
+    Nothing to resume (no earlier evaluation in `out`) gives empty results. ValueError when the earlier
+    evaluation used other settings (naming them) or its files cannot be read; a torn last line, left by a
+    kill in mid-write, is dropped (that question is sampled again).
+    """
+    run_file, log_file = out / RUN_FILE, out / outputs.QUESTIONS_FILE
+    if not run_file.exists():
+        if log_file.exists() and log_file.stat().st_size > 0:
+            raise ValueError(f"eval.resume: {log_file} has no {RUN_FILE} beside it (written by an older drmas?), "
+                             "so its settings are unknown; evaluate into a new trainer.output_dir")
+        return [], {}
+    try:
+        previous = json.loads(run_file.read_text())["settings"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"eval.resume: {run_file} is not readable: {exc}") from None
+    changed = sorted(_changed_keys(previous, settings))
+    if changed:
+        raise ValueError(f"eval.resume: the evaluation in {out} used other settings ({', '.join(changed)}); "
+                         "resume with the same ones or evaluate into a new trainer.output_dir")
+    records, done = [], {}
+    if log_file.exists():
+        lines = log_file.read_text().splitlines()
+        for number, line in enumerate(lines, start=1):
+            try:
+                record = json.loads(line)
+                outcomes = [outputs.outcome_from_record(e) for e in record["episodes"]]
+                key = (record["benchmark"], record["uid"])
+            except (ValueError, KeyError, TypeError) as exc:
+                if number == len(lines):
+                    break  # the line being written when the evaluation was killed
+                raise ValueError(f"eval.resume: {log_file}:{number}: not a question record ({exc})") from None
+            if len(outcomes) == settings["sampling"]["k"] and key not in done:
+                records.append(record)
+                done[key] = outcomes
+    return records, done
+
+
+def _changed_keys(old: object, new: object, prefix: str = "") -> list[str]:
+    """Dotted paths where two JSON values differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = set(old) | set(new)
+        return [k for key in sorted(keys) for k in _changed_keys(old.get(key), new.get(key), f"{prefix}{key}.")]
+    return [] if old == new else [prefix.rstrip(".")]
