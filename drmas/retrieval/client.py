@@ -35,7 +35,7 @@ class _Transient(RetrievalServerError):
 class HttpRetriever:
     """Retriever protocol over HTTP: `search` POSTs to `url` (a server's /retrieve URL). Thread-safe."""
 
-    def __init__(self, url: str, timeout_s: float = 30.0, retries: int = 3, backoff_s: float = 0.5,
+    def __init__(self, url: str, timeout_s: float = 30.0, retries: int = 8, backoff_s: float = 0.5,
                  max_queries_per_request: int = 256):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"retrieval server URL must start with http:// or https://, got {url!r}")

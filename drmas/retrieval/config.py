@@ -34,9 +34,9 @@ class RetrievalConfig:
     url: str = _f("http://127.0.0.1:8000/retrieve", "backend=http: the retrieval server's /retrieve URL.")
     timeout_s: float = _f(30.0, "backend=http: seconds to wait for one retrieval request.")
     retries: int = _f(
-        3,
-        "backend=http: attempts after a failed connection, a timeout or an HTTP 5xx, with exponential backoff "
-        "from 0.5 s (so a server restart does not end a run); a refused request (HTTP 4xx) is never retried.",
+        8,
+        "backend=http: attempts after a failed connection, a timeout or an HTTP 5xx, waiting 0.5 s, 1 s, 2 s, ... "
+        "(at most 30 s each; 8 ride out a server restart of about 90 s); a refused request (HTTP 4xx) is never retried.",
     )
     max_queries_per_request: int = _f(
         256, "backend=http: a round's queries are sent in requests of at most this many (servers cap batches).")
