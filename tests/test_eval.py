@@ -251,6 +251,7 @@ def test_resume_drops_a_torn_last_line_and_starts_fresh_without_an_earlier_eval(
     ("eval.k_temperature=0.9", "sampling.temperature"),
     ("trainer.seed=7", "sampling.seed"),
     ("agents.solver.max_new_tokens=5", "agents.solver.max_new_tokens"),
+    ("retrieval.topk=5", "retrieval.topk"),
 ])
 def test_resume_with_other_sampling_settings_is_refused_naming_them(tmp_path, capsys, override, key):
     out = tmp_path / "out"
@@ -260,6 +261,14 @@ def test_resume_with_other_sampling_settings_is_refused_naming_them(tmp_path, ca
     assert code == 2
     err = capsys.readouterr().err
     assert "eval.resume" in err and key in err
+
+
+def test_resume_accepts_other_retriever_transport_and_thread_settings(tmp_path):
+    out = tmp_path / "out"
+    run_evaluation(_prepared(out, "eval.max_questions=1"), log=lambda _: None)
+    ev = _prepared(out, "eval.max_questions=1", "eval.resume=true", "retrieval.retries=2", "retrieval.timeout_s=5",
+                   "retrieval.max_queries_per_request=8", "trainer.threads=1")
+    assert len(ev.done) == 1  # how the retriever is reached does not change what an episode samples
 
 
 def test_eval_of_a_checkpoint_from_a_one_step_run(tmp_path):

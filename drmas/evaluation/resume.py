@@ -24,12 +24,16 @@ from drmas.mas.base import EpisodeOutcome
 
 RUN_FILE = "eval_run.json"
 
+# Retrieval settings that do not change which passages a search returns.
+_RETRIEVAL_TRANSPORT = frozenset({"timeout_s", "retries", "max_queries_per_request", "index_dir", "batch_size"})
+
 
 def sample_settings(cfg: DrmasConfig, checkpoint: Optional[Path], model_dirs: dict) -> dict:
     """Everything that decides which episodes an evaluation samples, as plain JSON values.
 
-    Left out on purpose: output paths, logging, threads, and `eval.max_questions` (a resume may extend the
-    question set).
+    Left out on purpose: output paths, logging, threads, `eval.max_questions` (a resume may extend the
+    question set), and how the retriever is reached or cached (retries, timeouts, request sizes, index
+    location), which change how long a search takes but not what it returns.
     """
     def encode(value: object) -> object:
         return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
@@ -44,7 +48,7 @@ def sample_settings(cfg: DrmasConfig, checkpoint: Optional[Path], model_dirs: di
         "agents": plain({a: cfg.agents[a] for a in sorted(cfg.agents)}),
         "system": plain(cfg.system),
         "task": plain(cfg.task),
-        "retrieval": plain(cfg.retrieval),
+        "retrieval": _without_transport(plain(cfg.retrieval)),
         "invalid_penalty": cfg.algorithm.invalid_penalty,
         "sampling": {"k": cfg.eval.k, "temperature": cfg.eval.k_temperature, "top_p": cfg.eval.k_top_p,
                      "seed": cfg.trainer.seed, "engine": cfg.rollout.engine,
@@ -75,6 +79,8 @@ def completed_questions(out: Path, settings: dict) -> tuple[list[dict], dict[tup
         previous = json.loads(run_file.read_text())["settings"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"eval.resume: {run_file} is not readable: {exc}") from None
+    if isinstance(previous, dict) and isinstance(previous.get("retrieval"), dict):
+        previous["retrieval"] = _without_transport(previous["retrieval"])  # eval_run.json files that recorded them
     changed = sorted(_changed_keys(previous, settings))
     if changed:
         raise ValueError(f"eval.resume: the evaluation in {out} used other settings ({', '.join(changed)}); "
@@ -95,6 +101,10 @@ def completed_questions(out: Path, settings: dict) -> tuple[list[dict], dict[tup
                 records.append(record)
                 done[key] = outcomes
     return records, done
+
+
+def _without_transport(retrieval: dict) -> dict:
+    return {key: value for key, value in retrieval.items() if key not in _RETRIEVAL_TRANSPORT}
 
 
 def _changed_keys(old: object, new: object, prefix: str = "") -> list[str]:
