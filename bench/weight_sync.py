@@ -109,7 +109,7 @@ def _receiver_process(store_port: int, endpoint: str, mb: float, chunk: int, run
     flat = torch.zeros(payload_bytes(shapes), dtype=torch.uint8)
     params = {name: torch.zeros(shape) for name, shape in shapes}  # touched pages, as a loaded engine has
 
-    def load_weights(named, version: int) -> None:
+    def load_weights(named, version: int, incarnation: str = "") -> None:
         start = time.perf_counter()
         if version % 2 == 0:  # as an engine does
             for name, tensor in named:

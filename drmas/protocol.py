@@ -28,6 +28,9 @@ class Sample(msgspec.Struct, kw_only=True, frozen=False):
     valid: bool  # whether the output followed the agent's required format
     reward: float = 0.0  # per-sample reward: episode reward minus the format penalty
     episode_reward: float = 0.0  # the shared task reward of the whole episode
+    # the learner process that published `policy_version` ('' = initial weights or the colocated loop): a
+    # learner resumed from a checkpoint numbers versions again from there, so the pair names the weights
+    policy_incarnation: str = ""
 
 
 _ENCODER = msgspec.msgpack.Encoder()

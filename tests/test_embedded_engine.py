@@ -141,9 +141,10 @@ def test_load_weights_changes_outputs_and_version(engine: EmbeddedEngine) -> Non
     prompts = _prompts(engine, 3)
     before = engine.generate(prompts, [GREEDY] * 3)
     scaled = [(name, t * 3.0) for name, t in engine.state_dict_tensors()]
-    engine.load_weights(scaled, version=5)
+    engine.load_weights(scaled, version=5, incarnation="learner-x")
     after = engine.generate(prompts, [GREEDY] * 3)
-    assert engine.version == 5 and all(g.version == 5 for g in after)
+    assert all(g.incarnation == "" for g in before)
+    assert engine.version == 5 and all(g.version == 5 and g.incarnation == "learner-x" for g in after)
     assert [g.logprobs for g in after] != [g.logprobs for g in before]
 
 

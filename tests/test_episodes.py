@@ -31,7 +31,7 @@ class ScriptedEngine:
         self.batches.append(len(prompts))
         return [Generation([1, 2], [-0.5, -0.5], "ok", "stop", self.version) for _ in prompts]
 
-    def load_weights(self, named_tensors, version):
+    def load_weights(self, named_tensors, version, incarnation=""):
         self.version = version
 
 

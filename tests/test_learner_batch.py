@@ -10,19 +10,20 @@ from drmas.config.schema import AlgorithmConfig
 from drmas.learner.advantage import compute_advantages
 from drmas.learner.batch import GroupCollector, group_advantages
 from drmas.learner.running_stats import AgentRewardStats
+from drmas.lineage import Lineage
 from drmas.process import StopFlag
 from drmas.protocol import Sample
 
 
-def _sample(group: str, episode: str, agent: str, reward: float, version: int = 0) -> Sample:
+def _sample(group: str, episode: str, agent: str, reward: float, version: int = 0, incarnation: str = "") -> Sample:
     return Sample(episode_id=episode, group_id=group, agent=agent, model="m", turn=0, prompt_ids=[1],
                   response_ids=[2], behaviour_logprobs=[-1.0], policy_version=version, temperature=1.0,
-                  valid=True, reward=reward)
+                  valid=True, reward=reward, policy_incarnation=incarnation)
 
 
 def _part(group: str, agent: str, rewards: dict[str, float], scores: dict[str, float] | None = None,
-          version: int = 0) -> AgentGroup:
-    samples = [_sample(group, e, agent, r, version) for e, r in rewards.items()]
+          version: int = 0, incarnation: str = "") -> AgentGroup:
+    samples = [_sample(group, e, agent, r, version, incarnation) for e, r in rewards.items()]
     return AgentGroup(group_id=group, agent=agent, model="m", samples=samples,
                       episode_scores=scores or dict(rewards))
 
@@ -63,6 +64,21 @@ def test_collector_counts_groups_not_parts_and_drops_stale_parts_whole():
     batch = collector.next_batch(version=6)
     assert consumer.pulls == [4, 4]
     assert [(p.group_id, p.agent) for p in batch.groups] == [("g2", "b"), ("g3", "a")] and not batch.dropped
+
+
+def test_collector_drops_parts_made_by_versions_a_killed_learner_published_after_its_checkpoint():
+    lineage = Lineage("y").resumed(Lineage("x").state_dict(), version=5)  # x reached 6, saved 5, was killed
+    parts = [
+        _part("g0", "a", {"e0": 1.0}, version=6, incarnation="x"),  # lost weights, numbered like y's next
+        _part("g1", "a", {"e1": 1.0}, version=5, incarnation="x"),  # x's 5 is the checkpoint y resumed
+        _part("g2", "a", {"e2": 1.0, "e3": 0.0}, version=6, incarnation="y"),
+    ]
+    consumer = FakeConsumer(parts)
+    collector = GroupCollector(consumer, ["a"], groups_per_step=2, max_staleness=1,
+                               stop=StopFlag(install=False), poll_ms=0)
+    batch = collector.next_batch(version=6, lineage=lineage)
+    assert [p.group_id for p in batch.groups] == ["g1", "g2"]
+    assert consumer.reports == [("a", ["g0"], 1, "orphaned")] and batch.dropped == {"orphaned": 1}
 
 
 def test_collector_returns_none_once_stopped():

@@ -145,8 +145,8 @@ def test_receive_buffers_are_reused_only_when_nothing_views_them() -> None:
 
 def test_manifest_round_trips_through_msgpack() -> None:
     layout = plan_layout(list(make_weights(1).items()), 4096)
-    manifest = messages.Manifest("p-1", 7, layout)
-    assert messages.decode(messages.encode(manifest)) == manifest
+    for manifest in (messages.Manifest("p-1", 7, layout), messages.Manifest("p-1", 7, layout, "learner-b2")):
+        assert messages.decode(messages.encode(manifest)) == manifest
     with pytest.raises(msgspec.DecodeError):
         messages.decode(b"\x01garbage")
 
@@ -176,7 +176,7 @@ def test_receiver_without_learner_never_blocks() -> None:
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    receiver = WeightReceiver(f"tcp://127.0.0.1:{port}", "lonely", lambda named, version: None,
+    receiver = WeightReceiver(f"tcp://127.0.0.1:{port}", "lonely", lambda named, version, incarnation: None,
                               join_retry_s=0.05).start()
     try:
         start = time.monotonic()
@@ -201,11 +201,18 @@ def test_curve_keeps_unknown_rollouts_out_of_the_weight_sync() -> None:
         WeightSender("0.0.0.0", config=WeightSyncConfig(**CFG))
     weights = make_weights(seed=3)
     sender = WeightSender("127.0.0.1", config=WeightSyncConfig(**CFG), current_weights=lambda: (7, list(weights.items())),
-                          curve=CurveKeys(server_public, server_secret, frozenset({client_public}))).start()
+                          curve=CurveKeys(server_public, server_secret, frozenset({client_public})),
+                          incarnation="learner-a1").start()
     got: dict[str, dict] = {}
+    incarnations: dict[str, str] = {}
+
+    def apply(name, named, incarnation):
+        incarnations[name] = incarnation
+        got.setdefault(name, {k: v.clone() for k, v in named})
+
     receivers = {
         name: WeightReceiver(sender.endpoint, name,
-                             lambda named, version, name=name: got.setdefault(name, {k: v.clone() for k, v in named}),
+                             lambda named, version, incarnation, name=name: apply(name, named, incarnation),
                              config=WeightSyncConfig(**CFG), curve=curve).start()
         for name, curve in (("trusted", CurveClientKeys(client_public, client_secret, server_public)),
                             ("stranger", CurveClientKeys(stranger_public, stranger_secret, server_public)),
@@ -222,7 +229,7 @@ def test_curve_keeps_unknown_rollouts_out_of_the_weight_sync() -> None:
                 receiver.poll()
             time.sleep(0.05)
         assert digests(got["trusted"]) == digests(weights)
-        assert receivers["trusted"].version == 7
+        assert receivers["trusted"].version == 7 and incarnations["trusted"] == "learner-a1"  # it names the weights
         assert receivers["stranger"].version is None and receivers["plain"].version is None
         assert set(got) == {"trusted"} and sender.receivers() == {"trusted": 7}
     finally:
@@ -244,7 +251,7 @@ def _receiver_main(
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {rid} %(message)s")  # shown with pytest -s
 
-    def apply(named, version: int) -> None:
+    def apply(named, version: int, incarnation: str) -> None:
         if slow_s:
             results.put((rid, STARTED, {}))
         seen = {}

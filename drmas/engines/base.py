@@ -33,6 +33,7 @@ class Generation:
     text: str
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     version: int  # engine weight version that produced every token of this response
+    incarnation: str = ""  # the learner process that published that version ('' = the initial weights)
 
 
 @runtime_checkable
@@ -49,6 +50,9 @@ class Engine(Protocol):
         """Sample one response per prompt (params[i] applies to prompts[i]); batched inside."""
         ...
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Replace (a subset of) the weights by name and set the version the next tokens are stamped with."""
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, incarnation: str = ""
+    ) -> None:
+        """Replace (a subset of) the weights by name and set the version (and the incarnation of the learner
+        that published it) the next tokens are stamped with."""
         ...

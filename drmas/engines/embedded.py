@@ -190,6 +190,7 @@ class EmbeddedEngine:
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self._version = 0
+        self._incarnation = ""
         self._generator = torch.Generator().manual_seed(seed)
         self._lock = threading.Lock()
         self._device = next(model.parameters()).device
@@ -220,8 +221,11 @@ class EmbeddedEngine:
         """The engine's parameters by name (tied weights once), e.g. to send them or compare them."""
         yield from self.model.named_parameters()
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy tensors into the parameters of the same names in place, then set the version.
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, incarnation: str = ""
+    ) -> None:
+        """Copy tensors into the parameters of the same names in place, then set the version (and the
+        incarnation of the learner that published it: both are stamped on every later response).
 
         Streams (no full copy held): known names are copied as they arrive. Unknown names are collected and
         reported together in a KeyError at the end, and the version is then left unchanged; a shape mismatch
@@ -239,7 +243,7 @@ class EmbeddedEngine:
                 param.copy_(tensor)
             if unknown:
                 raise KeyError(f"{self.model_id}: unknown weight names {unknown}")
-            self._version = int(version)
+            self._version, self._incarnation = int(version), incarnation
 
     # -------------------------------------------------------------------------------------- generate
 
@@ -253,7 +257,7 @@ class EmbeddedEngine:
         with self._lock, torch.inference_mode():
             todo = [i for i, p in enumerate(params) if p.max_new_tokens > 0]
             for i in set(range(len(prompts))) - set(todo):
-                results[i] = Generation([], [], "", "length", self._version)
+                results[i] = Generation([], [], "", "length", self._version, self._incarnation)
             for chunk in self._chunks(prompts, todo):
                 outs = self._generate_chunk([prompts[i] for i in chunk], [params[i] for i in chunk])
                 for i, out in zip(chunk, outs):
@@ -385,6 +389,7 @@ class EmbeddedEngine:
             text=self.tokenizer.decode(text_ids, skip_special_tokens=False),
             finish_reason="stop" if stopped else "length",
             version=self._version,
+            incarnation=self._incarnation,
         )
 
 

@@ -8,9 +8,10 @@ arrives with the last group (another agent's part of a later group) is trained n
 which only makes consumption a little faster than the admission budget assumes, never staler.
 
 The buffer already refuses to deliver data older than the bound at pull time; the learner checks again
-because the buffer may have restarted without knowing versions. A part with a too-stale sample is dropped
-whole (its agent's advantages need the whole part) and reported, so the buffer counts it and frees its
-admission slot for a replacement.
+because the buffer may have restarted without knowing versions. A part with a too-stale sample, or with a
+sample of weights outside the learner's lineage (made by versions a killed learner published after its last
+checkpoint, see `drmas.lineage`), is dropped whole (its agent's advantages need the whole part) and
+reported, so the buffer counts it and frees its admission slot for a replacement.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from drmas.buffer import AgentGroup, BufferConsumer
 from drmas.config.schema import AlgorithmConfig
 from drmas.learner.advantage import compute_advantages
 from drmas.learner.running_stats import AgentRewardStats
+from drmas.lineage import Lineage
 from drmas.process import StopFlag
 from drmas.protocol import Sample
 from drmas.staleness import is_too_stale
@@ -34,6 +36,7 @@ from drmas.staleness import is_too_stale
 log = logging.getLogger(__name__)
 
 DROP_STALE = "stale"
+DROP_ORPHANED = "orphaned"
 
 
 @dataclass
@@ -59,8 +62,9 @@ class GroupCollector:
         self.stop = stop
         self.poll_ms = poll_ms
 
-    def next_batch(self, version: int) -> StepBatch | None:
-        """The groups the update from `version` trains on; None once stopped."""
+    def next_batch(self, version: int, lineage: Lineage | None = None) -> StepBatch | None:
+        """The groups the update from `version` trains on; None once stopped. With `lineage`, parts with
+        samples of weights outside it are dropped as orphaned."""
         batch = StepBatch([], 0.0)
         group_ids: set[str] = set()
         while len(group_ids) < self.groups_per_step:
@@ -77,6 +81,10 @@ class GroupCollector:
             for part in parts:
                 if any(is_too_stale(s.policy_version, version, self.max_staleness) for s in part.samples):
                     self._drop(part, DROP_STALE, batch)
+                    continue
+                if lineage is not None and not all(
+                        lineage.contains(s.policy_incarnation, s.policy_version) for s in part.samples):
+                    self._drop(part, DROP_ORPHANED, batch)
                     continue
                 batch.groups.append(part)
                 group_ids.add(part.group_id)

@@ -29,6 +29,7 @@ from drmas.learner.batch import GroupCollector, StepBatch, group_advantages
 from drmas.learner.policy import PolicyTrainer
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.scalars import agent_scalars, staleness_scalars
+from drmas.lineage import Lineage
 from drmas.metrics import MetricsWriter, agent_line
 from drmas.process import StopFlag
 from drmas.weights import WeightSender
@@ -56,9 +57,11 @@ class LearnerWorker:
         self.stats = AgentRewardStats(window=cfg.algorithm.running_stats_window)
         self.version = 0
         self.saved_version = 0
+        self.lineage = Lineage()  # which (incarnation, version) stamps name weights of this learner's history
         self.consumer = BufferConsumer.from_config(cfg.pipeline.buffer)
         host, port = learner_address(cfg, model_id)
         self.sender = WeightSender.from_config(cfg.pipeline.weights, host, port, model=model_id,
+                                               incarnation=self.lineage.incarnation,
                                                current_weights=self._current_weights,
                                                curve=cfg.pipeline.buffer.server_curve())
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
@@ -82,7 +85,7 @@ class LearnerWorker:
             self._report_version()
             last = time.monotonic()
             while self.version < cfg.trainer.steps and not self.stop.is_set():
-                batch = self.collector.next_batch(self.version)
+                batch = self.collector.next_batch(self.version, self.lineage)
                 if batch is None:
                     break
                 scalars, hists = self._step(batch)
@@ -149,7 +152,8 @@ class LearnerWorker:
         path = checkpoint.save_checkpoint(
             self.out, self.version, {self.model_id: (self.model, self.tokenizer)},
             {self.model_id: self.trainer.state_dict()},
-            {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict()},
+            {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict(),
+             "lineage": self.lineage.state_dict()},
         )
         self.saved_version = self.version
         log.info("saved %s", path)
@@ -165,5 +169,7 @@ class LearnerWorker:
         state = checkpoint.load_run_state(ckpt)
         self.version = self.saved_version = int(state["version"])
         self.stats.load_state_dict(state["stats"])
-        log.info("resumed from %s at version %d", ckpt, self.version)
+        self.lineage = self.lineage.resumed(state.get("lineage"), self.version)
+        log.info("resumed from %s at version %d (incarnation %s; kept from earlier ones: %s)", ckpt, self.version,
+                 self.lineage.incarnation, self.lineage.ancestors)
         return True

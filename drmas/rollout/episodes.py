@@ -235,6 +235,7 @@ class EpisodeRunner:
                     response_ids=call.generation.token_ids,
                     behaviour_logprobs=call.generation.logprobs,
                     policy_version=call.generation.version,
+                    policy_incarnation=call.generation.incarnation,
                     temperature=self.agents[call.agent].sampling.temperature,
                     valid=turn.valid,
                     reward=reward,

@@ -62,11 +62,16 @@ class Refuse(msgspec.Struct, tag="refuse", frozen=True):
 
 
 class Manifest(msgspec.Struct, tag="manifest", frozen=True):
-    """The next broadcasts on the pair carry ``version`` laid out as ``layout``."""
+    """The next broadcasts on the pair carry ``version`` laid out as ``layout``.
+
+    ``incarnation`` names the learner process that made these weights: a learner resumed from a checkpoint
+    numbers its versions again from there, so a version number alone does not name one set of weights.
+    """
 
     pair_id: str
     version: int
     layout: Layout
+    incarnation: str = ""
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True):

@@ -44,8 +44,9 @@ from drmas.weights.transport import Outbox, PairError, PairGroup, local_address_
 
 log = logging.getLogger(__name__)
 
-ApplyFn = Callable[[Iterable[tuple[str, torch.Tensor]], int], None]
-"""``apply(named_tensors, version)``, e.g. an engine's ``load_weights``. The tensors are zero-copy views of
+ApplyFn = Callable[[Iterable[tuple[str, torch.Tensor]], int, str], None]
+"""``apply(named_tensors, version, incarnation)``, e.g. an engine's ``load_weights``; ``incarnation`` names the
+learner process that made the weights (see `Manifest`). The tensors are zero-copy views of
 receive buffers that are refilled once nothing views them any more: copy each one and let it go (keeping
 them is safe, but then every kept buffer is replaced by a new allocation)."""
 
@@ -334,7 +335,7 @@ class _Link(threading.Thread):
 
 
 class WeightReceiver:
-    """Receives the weights a `WeightSender` pushes and applies them with ``apply_fn(named_tensors, version)``.
+    """Receives the weights a `WeightSender` pushes and applies them with ``apply_fn(named_tensors, version, incarnation)``.
 
     ``endpoint`` is the sender's `endpoint` (``tcp://host:port``). ``model`` ('' = any) is checked by the
     learner. With ``background=False`` (recommended for rollout loops, see the module docstring) updates are
@@ -464,7 +465,7 @@ class WeightReceiver:
             error: Exception | None = None
             start = time.monotonic()
             try:
-                self._apply_fn(stream.tensors(), manifest.version)
+                self._apply_fn(stream.tensors(), manifest.version, manifest.incarnation)
             except Exception as exc:  # reported to the learner below, re-raised unless the transport caused it
                 error = exc
             elapsed = time.monotonic() - start

@@ -181,10 +181,12 @@ class _Outcome:
 class _Broadcaster:
     """Runs one transfer (Manifest -> Ready -> unit broadcasts -> Ack) to a set of connected peers."""
 
-    def __init__(self, registry: _Registry, send: Callable[[_Peer, msg.Message], None], cfg: WeightSyncConfig) -> None:
+    def __init__(self, registry: _Registry, send: Callable[[_Peer, msg.Message], None], cfg: WeightSyncConfig,
+                 incarnation: str = "") -> None:
         self._registry = registry
         self._send = send
         self._cfg = cfg
+        self._incarnation = incarnation
         self._scratch: list[torch.Tensor] = []  # two unit buffers, kept across transfers
 
     def run(
@@ -201,7 +203,7 @@ class _Broadcaster:
                 peer.busy, peer.ready_version, peer.ack = True, None, None
         try:
             for peer in live:
-                self._send(peer, msg.Manifest(peer.pair_id, version, layout))
+                self._send(peer, msg.Manifest(peer.pair_id, version, layout, self._incarnation))
             remaining, delivered = live, []
             deadline = start + self._cfg.ready_timeout_s
             while remaining:
@@ -449,12 +451,14 @@ class WeightSender:
         backend: str = "auto",
         *,
         model: str = "",
+        incarnation: str = "",
         current_weights: CurrentWeights | None = None,
         config: WeightSyncConfig | None = None,
         curve: CurveKeys | None = None,
     ) -> None:
         """``config`` (if given) supplies every setting; otherwise the keyword settings are used with the
-        defaults of `WeightSyncConfig` for the rest. ``model`` '' accepts rollouts of any model.
+        defaults of `WeightSyncConfig` for the rest. ``model`` '' accepts rollouts of any model. ``incarnation``
+        goes with every version sent (see `Manifest`), and rollouts stamp it on what they generate.
 
         ``curve``: the cluster's CURVE server keys and the client keys allowed in (the buffer's). With it,
         only those rollouts can join, and everything they learn about the rendezvous (store port, pair id)
@@ -474,11 +478,12 @@ class WeightSender:
         self._control_port = control_port
         self._store_port = store_port
         self._provider = current_weights
-        self._incarnation = uuid.uuid4().hex[:8]  # pair ids never collide with a previous learner's
+        # stamped on every version sent; pair ids carry it too, so they never collide with a previous learner's
+        self._incarnation = incarnation or uuid.uuid4().hex[:8]
         self._pair_counter = itertools.count()
         self._transfer_lock = threading.RLock()
         self._registry = _Registry(self._send)
-        self._broadcaster = _Broadcaster(self._registry, self._send, self.config)
+        self._broadcaster = _Broadcaster(self._registry, self._send, self.config, self._incarnation)
         self._context: zmq.Context | None = None
         self._outbox: Outbox | None = None
         self._control: _ControlLoop | None = None
