@@ -192,7 +192,7 @@ def test_receiver_without_learner_never_blocks() -> None:
 def test_curve_keeps_unknown_rollouts_out_of_the_weight_sync() -> None:
     """With CURVE keys, a rollout without the cluster's client key never joins (so never learns the store
     port or a pair id), while a trusted one gets the weights; a non-loopback bind without keys is refused."""
-    from drmas.buffer import CurveClientKeys, CurveKeys, generate_keypair
+    from drmas.netsec import CurveClientKeys, CurveKeys, generate_keypair
 
     server_public, server_secret = generate_keypair()
     client_public, client_secret = generate_keypair()

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from drmas.buffer.config import CurveClientKeys
+from drmas.netsec import CurveClientKeys
 from drmas.weights import messages as msg
 from drmas.weights.chunks import BufferPool, Layout, Unpacker
 from drmas.weights.config import WeightSyncConfig

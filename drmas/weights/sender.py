@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from drmas.buffer.config import CurveKeys, is_loopback_host, start_curve_authenticator
+from drmas.netsec import CurveKeys, is_loopback_host, start_curve_authenticator
 from drmas.weights import messages as msg
 from drmas.weights.chunks import Layout, Packer, plan_layout
 from drmas.weights.config import WeightSyncConfig
