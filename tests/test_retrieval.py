@@ -7,79 +7,39 @@ server on 127.0.0.1 with a free port (always shut down), and `python -m drmas.re
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from retrieval_harness import (  # noqa: F401  (fixtures)
+    CORPUS,
+    DISTINCTIVE_QUERIES,
+    FIXTURES,
+    bm25,
+    get,
+    passages,
+    post,
+    server,
+)
 
 from drmas.retrieval.base import Passage
 from drmas.retrieval.bm25 import BM25Retriever
-from drmas.retrieval.client import HttpRetriever, RetrievalServerError
+from drmas.retrieval.client import HttpRetriever
 from drmas.retrieval.config import RetrievalConfig
-from drmas.retrieval.corpus import CorpusError, corpus_fingerprint, load_passages, write_passages
+from drmas.retrieval.corpus import (
+    CorpusError,
+    corpus_fingerprint,
+    load_passages,
+    write_passages,
+)
 from drmas.retrieval.factory import build_retriever
-from drmas.retrieval.server import RetrievalServer
 
-FIXTURES = Path(__file__).parent / "fixtures" / "retrieval"
-CORPUS = FIXTURES / "corpus.jsonl"
 REPO = Path(__file__).resolve().parents[1]
 
-# passage id -> a query made of that passage's distinctive words
-DISTINCTIVE_QUERIES = {
-    "0": "copper lighthouse herring fleet",
-    "1": "cartographer first complete map",
-    "5": "gardener crystal fruit drought",
-    "9": "juniper shepherds black-faced sheep",
-    "10": "wading bird orange plumage frogs eels",
-}
-
-
-@pytest.fixture(scope="module")
-def passages() -> list[Passage]:
-    return load_passages(CORPUS)
-
-
-@pytest.fixture(scope="module")
-def bm25(passages, tmp_path_factory) -> BM25Retriever:
-    return BM25Retriever(passages, index_dir=tmp_path_factory.mktemp("bm25-index"), show_progress=False)
-
-
-@pytest.fixture(scope="module")
-def server(bm25):
-    srv = RetrievalServer(bm25, host="127.0.0.1", port=0, default_topk=2, max_queries=4)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.close()
-
-
-def post(url: str, body: bytes, content_type: str = "application/json") -> tuple[int, dict]:
-    """POST raw bytes; (status, decoded JSON body) whatever the status."""
-    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": content_type})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def get(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 # ------------------------------------------------------------------------------------------------ corpus
@@ -234,172 +194,6 @@ def test_dense_without_faiss_tells_how_to_install(passages, monkeypatch):
     monkeypatch.setitem(sys.modules, "faiss", None)  # what an environment without faiss-cpu looks like to import
     with pytest.raises(ImportError, match=r"pip install 'drmas\[dense\]'"):
         DenseRetriever(passages)
-
-
-# ---------------------------------------------------------------------------------------- server + client
-
-
-def test_server_answers_search_r1_shapes(server, bm25):
-    query = DISTINCTIVE_QUERIES["5"]
-    status, plain = post(server.url, json.dumps({"queries": [query, "Brasswick clockmakers"], "topk": 3}).encode())
-    assert status == 200 and len(plain["result"]) == 2 and len(plain["result"][0]) == 3
-    assert plain["result"][0][0] == {"id": "5", "contents": bm25.passages[5].contents}  # the corpus row unchanged
-    status, scored = post(server.url, json.dumps({"queries": [query], "topk": 3, "return_scores": True}).encode())
-    assert status == 200
-    items = scored["result"][0]
-    assert [set(item) for item in items] == [{"document", "score"}] * 3
-    assert [item["document"] for item in items] == plain["result"][0]
-    assert items[0]["score"] == pytest.approx(bm25.search([query], 3)[0][0].score)
-    status, default = post(server.url, json.dumps({"queries": [query]}).encode())
-    assert status == 200 and len(default["result"][0]) == 2  # the server's default topk
-    assert get(server.url.replace("/retrieve", "/health")) == (200, {"status": "ok", "passages": 12, "topk": 2})
-
-
-def test_client_round_trip_matches_in_process_search(server, bm25):
-    client = HttpRetriever(server.url, timeout_s=10)
-    queries = list(DISTINCTIVE_QUERIES.values())[:4]
-    remote, local = client.search(queries, 3), bm25.search(queries, 3)
-    assert [[h.passage for h in q] for q in remote] == [[h.passage for h in q] for q in local]
-    assert [[h.score for h in q] for q in remote] == [[h.score for h in q] for q in local]  # JSON floats round-trip
-    assert client.search([], 3) == []
-
-
-@pytest.mark.parametrize("body, status, expected", [
-    (b'{"queries": ["a"', 400, "not valid JSON"),
-    (b'{"topk": 3}', 400, "queries"),
-    (b'{"queries": "amber heron", "topk": 3}', 400, "$.queries"),
-    (b'{"queries": [1, 2]}', 400, "$.queries[0]"),
-    (b'{"queries": ["a"], "topk": 0}', 400, "'topk' must be >= 1"),
-    (b'{"queries": ["a"], "topk": "3"}', 400, "$.topk"),
-    (b'{"queries": ["a"], "return_scores": "yes"}', 400, "$.return_scores"),
-    (b'{"queries": ["a", "b", "c", "d", "e"]}', 400, "5 queries, at most 4"),
-    (b'[]', 400, "invalid request"),
-])
-def test_malformed_request_gets_400_with_message(server, body, status, expected):
-    got_status, payload = post(server.url, body)
-    assert got_status == status
-    assert expected in payload["error"]
-
-
-def test_unknown_path_and_wrong_method(server):
-    base = server.url.rsplit("/", 1)[0]
-    status, payload = post(base + "/search", b'{"queries": ["a"]}')
-    assert status == 404 and "/search" in payload["error"]
-    assert get(base + "/nope")[0] == 404
-    assert get(server.url)[0] == 405
-
-
-def test_client_reports_server_message_and_url(server):
-    client = HttpRetriever(server.url, timeout_s=10)
-    with pytest.raises(RetrievalServerError) as err:
-        client.search(["a", "b", "c", "d", "e"], 2)  # over the server's max_queries=4
-    assert server.url in str(err.value) and "HTTP 400" in str(err.value) and "at most 4" in str(err.value)
-
-
-def test_client_reports_unreachable_server():
-    with socket.socket() as probe:  # a port that was free a moment ago and that nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{probe.getsockname()[1]}/retrieve"
-    with pytest.raises(RetrievalServerError, match="cannot reach retrieval server.*after 2 attempts"):
-        HttpRetriever(url, timeout_s=5, retries=1, backoff_s=0.01).search(["a"], 1)
-
-
-def test_client_splits_a_large_batch_into_requests_the_server_accepts(server, bm25):
-    queries = list(DISTINCTIVE_QUERIES.values()) * 3  # 12 queries; the server takes at most 4 per request
-    client = HttpRetriever(server.url, timeout_s=10, max_queries_per_request=4)
-    remote, local = client.search(queries, 2), bm25.search(queries, 2)
-    assert [[h.passage for h in q] for q in remote] == [[h.passage for h in q] for q in local]
-
-
-def test_client_waits_for_a_server_that_is_starting(bm25):
-    """A retrieval server restarting during a run: the client retries until it is back."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    started: list[RetrievalServer] = []
-    timer = threading.Timer(0.5, lambda: started.append(RetrievalServer(bm25, port=port).start()))
-    timer.start()
-    try:
-        client = HttpRetriever(f"http://127.0.0.1:{port}/retrieve", timeout_s=5, retries=6, backoff_s=0.1)
-        hits = client.search([DISTINCTIVE_QUERIES["5"]], 1)
-        assert hits[0][0].passage.id == "5"
-    finally:
-        timer.join()
-        for srv in started:
-            srv.close()
-
-
-class _FlakyHandler(BaseHTTPRequestHandler):
-    """Answers the first `server.failures` requests with `server.status`, then a valid one-hit result."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.requests += 1
-        if self.server.requests <= self.server.failures:
-            status, body = self.server.status, json.dumps({"error": "busy"}).encode()
-        else:
-            status, body = 200, json.dumps({"result": [[{"id": "x", "contents": "T\nbody"}]]}).encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-@pytest.mark.parametrize("status, retried", [(503, True), (500, True), (400, False), (422, False)])
-def test_client_retries_server_errors_but_not_refused_requests(status, retried):
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _FlakyHandler)
-    httpd.requests, httpd.failures, httpd.status = 0, 2, status
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        client = HttpRetriever(f"http://127.0.0.1:{httpd.server_address[1]}/retrieve", timeout_s=5, retries=3,
-                               backoff_s=0.01)
-        if retried:
-            assert client.search(["q"], 1)[0][0].passage.id == "x"
-            assert httpd.requests == 3
-        else:
-            with pytest.raises(RetrievalServerError, match=f"HTTP {status}: busy"):
-                client.search(["q"], 1)
-            assert httpd.requests == 1
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join()
-
-
-class _UnscoredSearchR1Handler(BaseHTTPRequestHandler):
-    """Another Search-R1 style server: ignores return_scores and answers title/text rows."""
-
-    def do_POST(self) -> None:
-        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        rows = [[{"id": f"{q}-{i}", "title": f"T{i}", "text": q} for i in range(request["topk"])]
-                for q in request["queries"]]
-        body = json.dumps({"result": rows}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-def test_client_accepts_unscored_answers_from_other_servers():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _UnscoredSearchR1Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{httpd.server_address[1]}/retrieve"
-        hits = HttpRetriever(url, timeout_s=10).search(["alpha", "beta"], 2)
-        assert [[h.passage.contents for h in q] for q in hits] == [["T0\nalpha", "T1\nalpha"], ["T0\nbeta", "T1\nbeta"]]
-        assert all(math.isnan(h.score) for q in hits for h in q)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join()
 
 
 # ------------------------------------------------------------------------------------------------ factory

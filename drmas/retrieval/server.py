@@ -1,187 +1,181 @@
 """A retrieval HTTP service speaking the Search-R1 API, so drmas and existing Search-R1 clients share servers.
 
-    POST /retrieve  {"queries": [str, ...], "topk": int (optional), "return_scores": bool (optional)}
-                 -> {"result": [[row, ...], ...]}                        one list per query, best first
-                 -> {"result": [[{"document": row, "score": s}, ...]]}   with "return_scores": true
-    GET  /health -> {"status": "ok", "passages": n, "topk": default topk}
+The API (routes, request and answer JSON, limits) is `drmas.retrieval.api`; this module serves it with uvicorn,
+in the foreground (`serve_forever`, what `drmas retriever serve` runs) or on a background thread (`start` /
+`close`, what tests and in-process users run). There is no authentication: bind it to a loopback address
+unless the network is trusted (`drmas retriever serve` warns otherwise).
 
-`row` is the corpus row unchanged (`{"id", "contents"}`). A malformed request gets HTTP 400 with
-`{"error": "..."}` naming the problem; an unknown path 404. Built on the standard library's threading HTTP
-server (one thread per connection) with msgspec for strict request decoding: no web framework to install,
-and the retriever, which is thread-safe, is shared by all requests. There is no authentication: bind it to a
-loopback address unless the network is trusted.
+Why uvicorn: the standard library's ThreadingHTTPServer this replaced fell to a simple attack. Its listen
+backlog of 5 reset connections of 50 parallel clients, a slow client held a thread forever, a client
+disconnect printed a traceback, and an oversized body got a broken pipe instead of its 413. Here:
+
+- one asyncio event loop owns every connection, so a slow client costs a socket, not a thread; retrieval
+  (synchronous, CPU-bound, thread-safe) runs on a pool of `workers` threads, which bounds how many searches
+  run at once while the loop keeps answering; the listen backlog is `backlog` (2048);
+- a client must deliver each whole request (headers and body) within `request_timeout_s` of connecting or of
+  its previous response, or its connection is closed (uvicorn alone only times out idle keep-alive
+  connections, `keep_alive_s`); past `max_connections` connections new requests get 503, which clients retry;
+- a refused body is not left unread: uvicorn discards what still arrives (until the deadline), because closing
+  a socket with unread data makes the kernel reset the connection, and the client would lose the 413;
+- a client that goes away mid-request is a debug line, not a traceback; uvicorn's access log is off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import socket
 import threading
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Optional
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, Optional
 
-import msgspec
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from drmas.retrieval.api import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUERIES, DEFAULT_MAX_TOPK, ApiLimits,
+                                 build_app)
 from drmas.retrieval.base import Retriever
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_QUERIES = 1024
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
+_RECEIVING = (h11.IDLE, h11.SEND_BODY)  # h11 states of a client whose next request is not complete yet
 
 
-class RetrieveRequest(msgspec.Struct):
-    """The body of `POST /retrieve` (unknown fields are ignored, as Search-R1 servers do)."""
+class _DeadlineH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol plus a deadline for receiving each whole request (the slow-client defence).
 
-    queries: list[str]
-    topk: Optional[int] = None
-    return_scores: bool = False
+    The deadline starts when the connection opens and again when a response completes, and is cancelled once
+    the request's last body byte is in, so slowly dribbling bytes does not extend it.
+    """
+
+    def __init__(self, *args: Any, request_timeout_s: float, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._request_timeout_s = request_timeout_s
+        self._deadline: Optional[asyncio.TimerHandle] = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state not in _RECEIVING:
+            self._cancel_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state in _RECEIVING:
+            self._arm_deadline()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._cancel_deadline()
+        super().connection_lost(exc)
+
+    def _arm_deadline(self) -> None:
+        self._cancel_deadline()
+        self._deadline = self.loop.call_later(self._request_timeout_s, self._deadline_passed)
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _deadline_passed(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            log.debug("closing the connection from %s: no whole request within %.3g s", self.client,
+                      self._request_timeout_s)
+            self.transport.close()
 
 
-class RequestError(ValueError):
-    """A request the server refuses, with the HTTP status to answer."""
+class _UvicornServer(uvicorn.Server):
+    """uvicorn's server that says when it serves and, on shutdown, drops what is still open after `grace_s`.
 
-    def __init__(self, status: HTTPStatus, message: str):
-        super().__init__(message)
-        self.status = status
+    Dropping a connection (rather than letting uvicorn cancel its task at its own graceful timeout) ends a
+    request quietly: a handler waiting for the body sees a client disconnect, and an answer has no one to go to.
+    """
+
+    def __init__(self, config: uvicorn.Config, grace_s: float):
+        super().__init__(config)
+        self.serving = threading.Event()
+        self._grace_s = grace_s
+
+    async def startup(self, sockets: Optional[list[socket.socket]] = None) -> None:
+        await super().startup(sockets=sockets)
+        self.serving.set()
+
+    async def shutdown(self, sockets: Optional[list[socket.socket]] = None) -> None:
+        drop = asyncio.get_running_loop().call_later(self._grace_s, self._drop_connections)
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            drop.cancel()
+            self._drop_connections()
+            await asyncio.sleep(0)  # let the transports report connection_lost before the loop closes
+
+    def _drop_connections(self) -> None:
+        for connection in list(self.server_state.connections):
+            connection.transport.close()
 
 
-def decode_request(body: bytes, max_queries: int) -> RetrieveRequest:
-    """Strictly decode and check a /retrieve body; RequestError(400) names the problem."""
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening TCP socket, bound now so that `port=0` has its real port before serving starts."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        req = msgspec.json.decode(body, type=RetrieveRequest)
-    except msgspec.ValidationError as exc:
-        raise RequestError(HTTPStatus.BAD_REQUEST, f"invalid request: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise RequestError(HTTPStatus.BAD_REQUEST, f"request body is not valid JSON: {exc}") from None
-    if req.topk is not None and req.topk < 1:
-        raise RequestError(HTTPStatus.BAD_REQUEST, f"invalid request: 'topk' must be >= 1, got {req.topk}")
-    if len(req.queries) > max_queries:
-        raise RequestError(HTTPStatus.BAD_REQUEST,
-                           f"invalid request: {len(req.queries)} queries, at most {max_queries} per request")
-    return req
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
-    protocol_version = "HTTP/1.1"  # keep-alive: clients reuse one connection for many requests
-
-    def do_GET(self) -> None:
-        if self.path == "/health":
-            s = self.server
-            self._send(HTTPStatus.OK, {"status": "ok", "passages": s.n_passages, "topk": s.default_topk})
-        elif self.path == "/retrieve":
-            self._error(HTTPStatus.METHOD_NOT_ALLOWED, "use POST /retrieve", allow="POST")
-        else:
-            self._error(HTTPStatus.NOT_FOUND, f"no such path: {self.path} (paths: POST /retrieve, GET /health)")
-
-    def do_POST(self) -> None:
-        if self.path != "/retrieve":
-            self._discard_body()
-            if self.path == "/health":
-                self._error(HTTPStatus.METHOD_NOT_ALLOWED, "use GET /health", allow="GET")
-            else:
-                self._error(HTTPStatus.NOT_FOUND, f"no such path: {self.path} (paths: POST /retrieve, GET /health)")
-            return
-        try:
-            req = decode_request(self._read_body(), self.server.max_queries)
-        except RequestError as exc:
-            self._error(exc.status, str(exc))
-            return
-        topk = req.topk if req.topk is not None else self.server.default_topk
-        try:
-            hits = self.server.retriever.search(req.queries, topk)
-        except Exception as exc:  # a retriever failure is the server's fault, not the client's
-            log.exception("retrieval failed")
-            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"retrieval failed: {type(exc).__name__}: {exc}")
-            return
-        if req.return_scores:
-            result = [[{"document": h.passage.row(), "score": h.score} for h in q] for q in hits]
-        else:
-            result = [[h.passage.row() for h in q] for q in hits]
-        self._send(HTTPStatus.OK, {"result": result})
-
-    def _read_body(self) -> bytes:
-        length = self.headers.get("Content-Length")
-        if length is None:
-            self.close_connection = True
-            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "missing Content-Length header")
-        try:
-            n = int(length)
-        except ValueError:
-            self.close_connection = True
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length header: {length!r}") from None
-        if n < 0:
-            self.close_connection = True
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length header: {length!r}")
-        if n > self.server.max_body_bytes:
-            self.close_connection = True  # the unread body would otherwise be parsed as the next request
-            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                               f"request body of {n} bytes, at most {self.server.max_body_bytes}")
-        return self.rfile.read(n)
-
-    def _discard_body(self) -> None:
-        try:
-            self._read_body()
-        except RequestError:
-            pass
-
-    def _error(self, status: HTTPStatus, message: str, allow: Optional[str] = None) -> None:
-        self._send(status, {"error": message}, {"Allow": allow} if allow else None)
-
-    def _send(self, status: HTTPStatus, payload: dict, headers: Optional[dict] = None) -> None:
-        body = msgspec.json.encode(payload)
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args) -> None:  # route access logs to logging, not stderr
-        log.debug("%s - %s", self.address_string(), format % args)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    retriever: Retriever
-    n_passages: Optional[int]
-    default_topk: int
-    max_queries: int
-    max_body_bytes: int
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class RetrievalServer:
     """A Search-R1 compatible retrieval server around `retriever`; `port=0` picks a free port.
 
-    Use `serve_forever()` in the foreground, or `start()` / `close()` (or `with`) to run it on a background thread.
+    Use `serve_forever()` in the foreground, or `start()` / `close()` (or `with`) to run it on a background
+    thread. One object serves once: `close()` releases its socket and threads for good.
     """
 
     def __init__(self, retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3,
-                 max_queries: int = DEFAULT_MAX_QUERIES, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
-        if default_topk < 1:
-            raise ValueError(f"default topk must be >= 1, got {default_topk}")
-        if max_queries < 1:
-            raise ValueError(f"max_queries must be >= 1, got {max_queries}")
-        server_class = _Server6 if ":" in host else _Server  # an IPv6 literal such as "::1"
-        self._httpd = server_class((host, port), _Handler)
-        self._httpd.retriever = retriever
-        passages = getattr(retriever, "passages", None)
-        self._httpd.n_passages = len(passages) if passages is not None else None
-        self._httpd.default_topk = default_topk
-        self._httpd.max_queries = max_queries
-        self._httpd.max_body_bytes = max_body_bytes
+                 max_queries: int = DEFAULT_MAX_QUERIES, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 max_topk: int = DEFAULT_MAX_TOPK, workers: int = DEFAULT_WORKERS, backlog: int = 2048,
+                 request_timeout_s: float = 30.0, keep_alive_s: float = 5.0, max_connections: int = 1024,
+                 shutdown_grace_s: float = 5.0):
+        limits = ApiLimits(default_topk=default_topk, max_topk=max_topk, max_queries=max_queries,
+                           max_body_bytes=max_body_bytes)
+        for name, value in (("workers", workers), ("backlog", backlog), ("max_connections", max_connections)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        for name, value in (("request_timeout_s", request_timeout_s), ("keep_alive_s", keep_alive_s),
+                            ("shutdown_grace_s", shutdown_grace_s)):
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="retrieval-worker")  # threads start lazily
+        config = uvicorn.Config(
+            build_app(retriever, limits, self._executor),
+            http=partial(_DeadlineH11Protocol, request_timeout_s=request_timeout_s),  # type: ignore[arg-type]
+            ws="none", lifespan="off", log_config=None, access_log=False, proxy_headers=False, server_header=False,
+            backlog=backlog, timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # a float works
+            limit_concurrency=max_connections,
+        )
+        self._server = _UvicornServer(config, grace_s=shutdown_grace_s)
+        self._sock = _listen(host, port, backlog)  # last: nothing above holds an OS resource yet
         self._thread: Optional[threading.Thread] = None
+        self._ran = False
+        self._stopped = threading.Event()
+        self._address: tuple[str, int] = self._sock.getsockname()[:2]
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self._httpd.server_address[:2]
+        host, port = self._address
         return str(host), int(port)
 
     @property
@@ -193,25 +187,42 @@ class RetrievalServer:
         return f"http://{host}:{port}/retrieve"
 
     def serve_forever(self) -> None:
-        self._httpd.serve_forever()
+        """Serve in this thread until `close()` from another thread (or, in the main thread, SIGINT/SIGTERM)."""
+        if self._ran:
+            raise RuntimeError("this RetrievalServer has already served or been closed; make a new one")
+        self._ran = True
+        try:
+            self._server.run(sockets=[self._sock])
+        finally:
+            self._stopped.set()
 
-    def start(self) -> "RetrievalServer":
-        """Serve on a daemon thread; returns self."""
+    def start(self, timeout_s: float = 30.0) -> "RetrievalServer":
+        """Serve on a daemon thread; returns self once the server answers (connections queue meanwhile)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._httpd.serve_forever, name="retrieval-server", daemon=True)
+            self._thread = threading.Thread(target=self.serve_forever, name="retrieval-server", daemon=True)
             self._thread.start()
+            deadline = time.monotonic() + timeout_s
+            while not self._server.serving.wait(0.05):
+                if self._stopped.is_set() or time.monotonic() > deadline:
+                    raise RuntimeError(f"retrieval server on {self.url} did not start (see the log)")
         return self
 
     def close(self) -> None:
-        """Stop serving (if started in the background) and release the socket."""
+        """Stop serving: let in-flight requests finish (connections still open after `shutdown_grace_s` are
+        dropped), then release the socket and the threads. Callable from any thread, more than once."""
+        self._server.should_exit = True
+        if not self._ran:  # never served, and now never will
+            self._ran = True
+            self._stopped.set()
+        self._stopped.wait()
         if self._thread is not None:
-            self._httpd.shutdown()
             self._thread.join()
             self._thread = None
-        self._httpd.server_close()
+        self._sock.close()  # uvicorn closed it if it served; closing twice is harmless
+        self._executor.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> "RetrievalServer":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
