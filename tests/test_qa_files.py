@@ -193,11 +193,26 @@ def test_corrupt_jsonl_line_is_reported_with_file_and_line(tmp_path: Path) -> No
         ({"question": "q?", "golden_answers": '["a", '}, r"'golden_answers' looks like a JSON list but does not parse"),
         ({"question": "q?", "golden_answers": [{"text": "a"}]}, r"'golden_answers' holds a dict"),
         ({"question": 7, "golden_answers": ["a"]}, r"'question' should be a string"),
+        ({"question": ["q?"], "golden_answers": ["a"]}, r"'question' should be a string, got list"),
+        ({"question": {"text": "q?"}, "golden_answers": ["a"]}, r"'question' should be a string, got dict"),
+        ({"question": "q?", "golden_answers": [["a", "b"]]}, r"'golden_answers' holds a list \(\['a', 'b'\]\)"),
+        ({"question": "q?", "golden_answers": ["a", None]}, r"'golden_answers' holds a null"),
+        ({"question": "q?", "answers": [True]}, r"'answers' holds a bool"),
+        ({"question": "q?", "answer": {"value": "Mars", "aliases": "Red Planet"}},
+         r"'answer'.aliases should be a list of strings, got a str"),
     ],
 )
 def test_bad_rows_name_file_line_and_field(tmp_path: Path, bad_row: dict, message: str) -> None:
     path = _jsonl(tmp_path / "hotpot.jsonl", [GOOD, json.dumps(bad_row)])
     with pytest.raises(ValueError, match=rf"hotpot\.jsonl:2: {message}"):
+        load_qa_problems(path, "test")
+
+
+def test_a_nan_gold_from_parquet_is_refused_with_its_row(tmp_path: Path) -> None:
+    path = tmp_path / "popqa.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": "q1?", "answer": 1969.0},
+                                         {"question": "q2?", "answer": float("nan")}]), path)
+    with pytest.raises(ValueError, match=r"popqa\.parquet:row 1: 'answer' holds a float \(nan\)"):
         load_qa_problems(path, "test")
 
 

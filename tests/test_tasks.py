@@ -299,3 +299,34 @@ def test_unconfigured_split_names_the_knob(tmp_path: Path) -> None:
         task.split("test")
     with pytest.raises(ValueError, match="math_file task: set task.train_file"):
         file_task()
+
+
+@pytest.mark.parametrize("suffix", sorted(WRITERS))
+@pytest.mark.parametrize("row, field, found", [
+    ({"question": ["What is 1 + 1?"], "answer": "2"}, "question", "a list"),
+    ({"problem": {"text": "What is 1 + 1?"}, "answer": "2"}, "problem", "an object"),
+    ({"question": 12, "answer": "2"}, "question", "a number"),
+    ({"question": "What is 1 + 1?", "answer": ["2"]}, "answer", "a list"),
+    ({"question": "What is 1 + 1?", "answer": {"value": "2"}}, "answer", "an object"),
+    ({"question": "What is 1 + 1?", "answer": True}, "answer", "a boolean"),
+    ({"question": "What is 1 + 1?", "solution": ["\\boxed{2}"]}, "solution", "a list"),
+])
+def test_non_text_fields_are_refused_naming_file_place_field_and_type(
+        tmp_path: Path, suffix: str, row: dict[str, Any], field: str, found: str) -> None:
+    # jsonl: a good line first, so the line number is checked; parquet: one row (a column has one type)
+    rows, place = ([AIME_ROWS[0], row], "2") if suffix == ".jsonl" else ([row], "row 0")
+    path = WRITERS[suffix](tmp_path / f"typed{suffix}", rows)
+    with pytest.raises(ValueError) as error:
+        file_task(train=path)
+    message = str(error.value)
+    assert message.startswith(f"{path}:{place}: {field!r} should be ") and f"got {found} " in message
+    assert "['" not in message.split("got")[0]  # the list never became question/answer text
+
+
+def test_numeric_answers_are_converted_but_not_nan(tmp_path: Path) -> None:
+    rows = [{"question": "An int.", "answer": 17}, {"question": "A float.", "answer": 2.5}]
+    assert [p.answer for p in file_task(train=write_jsonl(tmp_path / "n.jsonl", rows)).split("train")] == ["17", "2.5"]
+    rows = [{"question": "q", "answer": 1.0}, {"question": "r", "answer": float("nan")}]
+    path = write_parquet(tmp_path / "nan.parquet", rows)
+    with pytest.raises(ValueError, match=r"nan\.parquet:row 1: 'answer' should be a string or a finite number"):
+        file_task(train=path)

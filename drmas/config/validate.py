@@ -36,8 +36,9 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append("models: at least one model is required")
     for mid, m in cfg.models.items():
         where = f"models.{mid}"
-        if (m.path is None) == (m.builtin is None):
-            errors.append(f"{where}: set exactly one of 'path' or 'builtin'")
+        if m.path is None and m.builtin is None:  # both set is fine: `path` wins (overriding a shipped builtin)
+            errors.append(f"{where}: set 'path' (a local model directory or a model id in the local HF cache) "
+                          "or 'builtin'")
         if m.builtin is not None and m.builtin not in BUILTIN_MODELS:
             errors.append(f"{where}.builtin: {m.builtin!r} is not one of {', '.join(BUILTIN_MODELS)}")
         if m.dtype not in DTYPES:
@@ -129,6 +130,10 @@ def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
         p.buffer.validate()
     except ValueError as exc:  # BufferConfig names its fields as `buffer.<field>`
         errors.append(f"pipeline.{exc}")
+    try:
+        p.restarts.validate()
+    except ValueError as exc:  # RestartConfig names its fields in full
+        errors.append(str(exc))
     for section in ("learner_ports", "learner_hosts"):
         for model in getattr(p, section):
             if model not in cfg.models:

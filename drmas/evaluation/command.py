@@ -1,4 +1,4 @@
-"""`drmas eval --config FILE [--checkpoint DIR] [key=value ...]`: avg@k / pass@k of a checkpoint.
+"""`drmas eval --config FILE [--checkpoint DIR [--version N]] [key=value ...]`: avg@k / pass@k of a checkpoint.
 
 The evaluation is built from the same assembly functions as training (task, orchestra, engines, agent
 specs), so it works for any registered multi-agent system. Each question of each benchmark gets
@@ -22,7 +22,7 @@ from drmas import assembly, checkpoint as run_checkpoint
 from drmas.config.schema import DrmasConfig
 from drmas.evaluation import outputs, resume
 from drmas.evaluation.behaviour import behaviour_stats
-from drmas.evaluation.models import checkpoint_step, eval_model_dirs
+from drmas.evaluation.models import ModelSource, checkpoint_step, model_sources
 from drmas.evaluation.passk import score_table
 from drmas.evaluation.sampling import (
     BenchmarkSamples,
@@ -53,18 +53,26 @@ class Evaluation:
     settings: dict = field(default_factory=dict)  # what decides the samples (eval_run.json)
     kept: list[dict] = field(default_factory=list)  # eval.resume: the earlier evaluation's question records
     done: dict = field(default_factory=dict)  # eval.resume: (benchmark, uid) -> its k outcomes
+    sources: dict[str, ModelSource] = field(default_factory=dict)  # which checkpoint each model came from
+
+    def model_checkpoints(self) -> dict[str, Optional[dict]]:
+        """Model id -> {checkpoint, step} it was taken from (None: the config's weights), for eval.json."""
+        return {model_id: source.record() for model_id, source in self.sources.items()}
 
 
-def prepare(cfg: DrmasConfig, checkpoint: Optional[Path]) -> Evaluation:
+def prepare(cfg: DrmasConfig, checkpoint: Optional[Path], version: Optional[int] = None) -> Evaluation:
     """Check the eval config, resolve model directories, build task, orchestra, engines and the runner.
-    Raises ValueError / FileNotFoundError / KeyError naming the config key or path at fault."""
+
+    `checkpoint` is one checkpoint or a run directory (each trained model's newest complete checkpoint, or
+    `version`'s). Raises ValueError / FileNotFoundError / KeyError naming the config key or path at fault."""
     validate_eval_config(cfg.eval)
     if cfg.trainer.threads > 0:
         import torch
 
         torch.set_num_threads(cfg.trainer.threads)
     run_checkpoint.seed_everything(cfg.trainer.seed)
-    model_dirs = eval_model_dirs(cfg, checkpoint)
+    sources = model_sources(cfg, checkpoint, version)
+    model_dirs = {model_id: source.path for model_id, source in sources.items()}
     task = assembly.build_task(cfg)
     benchmarks = load_benchmarks(cfg, task)
     orchestra = assembly.build_orchestra(cfg, task)
@@ -77,10 +85,17 @@ def prepare(cfg: DrmasConfig, checkpoint: Optional[Path]) -> Evaluation:
     }
     runner = EpisodeRunner(orchestra, engines, eval_agent_specs(cfg), cfg.algorithm.invalid_penalty,
                            seed=cfg.trainer.seed)
-    settings = resume.sample_settings(cfg, checkpoint, model_dirs)
+    settings = resume.sample_settings(cfg, checkpoint, model_dirs, sources)
     kept, done = resume.completed_questions(Path(cfg.trainer.output_dir), settings) if cfg.eval.resume else ([], {})
-    return Evaluation(cfg, checkpoint, checkpoint_step(checkpoint), model_dirs, runner, benchmarks,
-                      tuple(orchestra.agents), settings, kept, done)
+    return Evaluation(cfg, checkpoint, evaluated_step(checkpoint, sources), model_dirs, runner, benchmarks,
+                      tuple(orchestra.agents), settings, kept, done, sources)
+
+
+def evaluated_step(checkpoint: Optional[Path], sources: dict[str, ModelSource]) -> int:
+    """The step eval results are filed under (TensorBoard, eval.json): the checkpoint's, or with a run
+    directory the newest of its models' checkpoints (in an async run each learner counts its own versions)."""
+    steps = [source.step for source in sources.values() if source.step is not None]
+    return max(steps) if steps else checkpoint_step(checkpoint)
 
 
 def run_evaluation(ev: Evaluation, questions_per_chunk: Optional[int] = None,
@@ -137,6 +152,7 @@ def build_report(ev: Evaluation, runs: list[BenchmarkSamples], wall_seconds: flo
         "checkpoint": str(ev.checkpoint) if ev.checkpoint is not None else None,
         "step": ev.step,
         "models": {model_id: str(path) for model_id, path in ev.model_dirs.items()},
+        "model_checkpoints": ev.model_checkpoints(),
         "sampling": {"k": cfg.eval.k, "temperature": cfg.eval.k_temperature, "top_p": cfg.eval.k_top_p,
                      "seed": cfg.trainer.seed},
         "system": cfg.system.name,
@@ -155,8 +171,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--config", "-c", help="YAML config file (defaults are the schema's)")
     parser.add_argument(
         "--checkpoint", type=Path, default=None,
-        help="a run's checkpoints/step_<N> directory (one HF directory per trained model); "
-             "omitted: evaluate the models the config names")
+        help="a run directory (colocated or async: each trained model's newest complete checkpoint), or one "
+             "checkpoint (checkpoints/step_<N>, learner-<model>/checkpoints/step_<N>); omitted: evaluate the "
+             "models the config names")
+    parser.add_argument(
+        "--version", type=int, default=None, metavar="N",
+        help="with a run directory: evaluate each trained model's checkpoint step_<N> instead of the newest")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. eval.k=4")
     parser.set_defaults(func=main)
     return parser
@@ -172,7 +192,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"drmas eval: config error: {exc}", file=sys.stderr)
         return 2
     try:
-        ev = prepare(cfg, args.checkpoint)
+        ev = prepare(cfg, args.checkpoint, args.version)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"drmas eval: {message}", file=sys.stderr)

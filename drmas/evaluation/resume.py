@@ -28,8 +28,13 @@ RUN_FILE = "eval_run.json"
 _RETRIEVAL_TRANSPORT = frozenset({"timeout_s", "retries", "max_queries_per_request", "index_dir", "batch_size"})
 
 
-def sample_settings(cfg: DrmasConfig, checkpoint: Optional[Path], model_dirs: dict) -> dict:
+def sample_settings(cfg: DrmasConfig, checkpoint: Optional[Path], model_dirs: dict,
+                    sources: Optional[dict] = None) -> dict:
     """Everything that decides which episodes an evaluation samples, as plain JSON values.
+
+    With a checkpoint, `model_checkpoints` records which checkpoint (and step) each model came from: a run
+    directory resolves to its newest checkpoints, so resuming after the run saved a newer one is refused
+    rather than mixing two checkpoints' samples (`--version N` pins one).
 
     Left out on purpose: output paths, logging, threads, `eval.max_questions` (a resume may extend the
     question set), and how the retriever is reached or cached (retries, timeouts, request sizes, index
@@ -41,7 +46,7 @@ def sample_settings(cfg: DrmasConfig, checkpoint: Optional[Path], model_dirs: di
     def plain(value: object) -> object:
         return json.loads(json.dumps(value, default=encode, sort_keys=True))
 
-    return {
+    settings = {
         "checkpoint": str(checkpoint) if checkpoint is not None else None,
         "model_dirs": {m: str(p) for m, p in sorted(model_dirs.items())},
         "models": plain({m: cfg.models[m] for m in sorted(cfg.models)}),
@@ -55,6 +60,9 @@ def sample_settings(cfg: DrmasConfig, checkpoint: Optional[Path], model_dirs: di
                      "max_batch_size": cfg.rollout.max_batch_size},
         "benchmarks": plain(dict(cfg.eval.benchmarks)),
     }
+    if checkpoint is not None and sources is not None:  # (absent without one: eval_run.json files stay comparable)
+        settings["model_checkpoints"] = {m: sources[m].record() for m in sorted(sources)}
+    return settings
 
 
 def write_settings(out: Path, settings: dict) -> None:

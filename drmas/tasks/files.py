@@ -9,12 +9,16 @@ them:
   (preferred when present, since it needs no extraction).
 - AIME-style: ``problem`` or ``question`` + ``answer``, where the answer may be a JSON number.
 
+A question must be a string and an answer a string or a number; any other value (a list, an object, a
+boolean) is refused with its field and type, rather than turned into text such as "['x']" and trained on.
+
 A data error found mid-training would waste the run, so every file is read when the task is built and
 every bad row fails with its file and line (jsonl, 1-based) or row index (parquet, 0-based).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
@@ -80,21 +84,59 @@ def _keys_found(row: Row) -> str:
     return ", ".join(repr(key) for key in row.data if _present(row, key)) or "none"
 
 
+def _json_type(value: Any) -> str:
+    """The JSON name of a value's type (what the user sees in the file), for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):  # numpy arrays from pandas-made parquet
+        return "list"
+    return type(value).__name__
+
+
+def _wrong_type(row: Row, key: str, value: Any, expected: str) -> ValueError:
+    """The error for a field of the wrong type: file and line/row, field, the type found and what is expected.
+
+    Without it, ``str()`` would quietly turn a list into the question "['x']" and training would go on.
+    """
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    kind = _json_type(value)
+    article = "an" if kind[0] in "aeiou" else "a"
+    return ValueError(f"{row.where}: {key!r} should be {expected}, got {article} {kind} ({shown})")
+
+
 def row_question(row: Row) -> str:
-    """The problem statement: `problem` (MATH, AIME) or `question` (GSM8K)."""
+    """The problem statement: `problem` (MATH, AIME) or `question` (GSM8K); it must be a non-empty string."""
     for key in QUESTION_KEYS:
         if _present(row, key):
-            return str(row.data[key]).strip()
+            value = row.data[key]
+            if not isinstance(value, str):
+                raise _wrong_type(row, key, value, "a non-empty string")
+            return value.strip()
     raise ValueError(
         f"{row.where}: no question field (expected 'problem' or 'question'); keys found: {_keys_found(row)}"
     )
 
 
-def _scalar_answer(value: Any) -> str:
-    """A JSON/parquet answer value as text; integral floats lose the '.0' (AIME answers are integers)."""
+def _scalar_answer(row: Row, key: str, value: Any) -> str:
+    """A JSON/parquet answer value as text: strings as they are, numbers converted (AIME answers are JSON
+    numbers; integral floats lose the '.0'); anything else (list, object, boolean, NaN) is refused."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _wrong_type(row, key, value, "a string or a finite number")
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
-    return str(value).strip()
+    return str(value)
 
 
 def row_answer(row: Row) -> tuple[str, str]:
@@ -105,9 +147,12 @@ def row_answer(row: Row) -> tuple[str, str]:
             return value.rsplit(GSM8K_MARKER, 1)[1].strip(), "gsm8k"
         if isinstance(value, str) and (boxed := extract_boxed(value)) is not None:
             return boxed, "answer"
-        return _scalar_answer(value), "answer"
+        return _scalar_answer(row, "answer", value), "answer"
     if _present(row, "solution"):
-        boxed = extract_boxed(str(row.data["solution"]))
+        solution = row.data["solution"]
+        if not isinstance(solution, str):
+            raise _wrong_type(row, "solution", solution, "a string with a \\boxed{} answer")
+        boxed = extract_boxed(solution)
         if boxed is None:
             raise ValueError(f"{row.where}: 'solution' has no \\boxed{{}} answer and there is no 'answer' field")
         return boxed, "math"

@@ -17,6 +17,7 @@ its own: retrieval.corpus must name one.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -40,12 +41,23 @@ def _keys_found(row: Row) -> str:
     return ", ".join(repr(key) for key, value in row.data.items() if _has_value(value)) or "none"
 
 
+def _type_name(value: Any) -> str:
+    """A value's type as the user knows it from the file (null rather than NoneType)."""
+    return "null" if value is None else type(value).__name__
+
+
 def _answer_text(row: Row, key: str, value: Any) -> str:
-    """One gold alias as text; integral floats lose their '.0' (years read back from parquet)."""
+    """One gold alias as text; integral floats lose their '.0' (years read back from parquet).
+
+    Only strings and finite numbers are answers: a nested list, an object, a boolean or a null inside the
+    answer field is refused, since its text ("['a']", "None") would become a gold answer nobody can match.
+    """
     if isinstance(value, str):
         return value.strip()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{row.where}: {key!r} holds a {type(value).__name__} where an answer string was expected")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(
+            f"{row.where}: {key!r} holds a {_type_name(value)} ({repr(value)[:60]}) where an answer string was expected"
+        )
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
@@ -70,7 +82,12 @@ def _answer_values(row: Row, key: str, value: Any) -> list[Any]:
     if isinstance(value, dict):  # TriviaQA's {"value": ..., "aliases": [...]}
         if "value" not in value:
             raise ValueError(f"{row.where}: {key!r} is an object without a 'value' (keys: {', '.join(value)})")
-        return [value["value"], *list(value.get("aliases") or [])]
+        aliases = value.get("aliases") or []
+        if hasattr(aliases, "tolist"):
+            aliases = aliases.tolist()
+        if not isinstance(aliases, (list, tuple)):  # a string here would be split into its characters
+            raise ValueError(f"{row.where}: {key!r}.aliases should be a list of strings, got a {_type_name(aliases)}")
+        return [value["value"], *aliases]
     if hasattr(value, "tolist"):  # numpy arrays (parquet through pandas) and numpy scalars
         value = value.tolist()
     if isinstance(value, (list, tuple)):
