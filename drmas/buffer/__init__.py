@@ -5,9 +5,10 @@ is in `drmas.buffer.messages`. Nothing here imports torch or knows about models:
 """
 
 from drmas.buffer.client import BufferConsumer, BufferProducer, BufferRejected, Rejection
-from drmas.buffer.config import BufferConfig, CurveClientKeys, CurveKeys, generate_keypair, is_local_endpoint
+from drmas.buffer.config import BufferConfig
 from drmas.buffer.messages import AgentGroup, Stats
-from drmas.buffer.server import InsecureEndpointError, TrajectoryBuffer
+from drmas.buffer.router import InsecureEndpointError
+from drmas.buffer.server import TrajectoryBuffer
 from drmas.buffer.store import QueuedGroup
 
 __all__ = [
@@ -16,13 +17,9 @@ __all__ = [
     "BufferConsumer",
     "BufferProducer",
     "BufferRejected",
-    "CurveClientKeys",
-    "CurveKeys",
     "InsecureEndpointError",
     "QueuedGroup",
     "Rejection",
     "Stats",
     "TrajectoryBuffer",
-    "generate_keypair",
-    "is_local_endpoint",
 ]

@@ -10,6 +10,13 @@ Bookkeeping per model (see `admission_capacity` for why these numbers):
   training (they must be replaced, or the learner would wait forever for its step's groups). On a
   version report it is raised to at least ``version * groups_per_step``: a learner at version v has
   consumed that many, which restores the budget after a buffer restart.
+* ``incarnation`` the learner process that reported last. A report from a new one (a learner restarted,
+  possibly from an older checkpoint, so its version may go *down*) recounts ``accepted`` as
+  ``version * groups_per_step`` plus the model's groups still queued here: whatever the old process had
+  pulled and not trained died with it. Without the recount a learner resumed at version 0 after its peer
+  reached version 12 would find its budget spent for good and the run would hang.
+* ``finished`` models whose learner reached its last step. They no longer bound the grant: a peer
+  learner that restarted behind them still needs groups after they stop consuming.
 * ``running`` (shared by all models) admitted groups not yet complete: units of a lease, then, once
   the group's first episode arrives, the group itself until it completes or is abandoned. Lease units
   never claimed within the lease timeout are returned, so a crashed producer cannot hold the budget.
@@ -53,6 +60,8 @@ class AdmissionController:
         self.lease_timeout_s = lease_timeout_s
         self.versions: dict[str, int] = {m: 0 for m in self.models}
         self.accepted: dict[str, int] = {m: 0 for m in self.models}
+        self.incarnations: dict[str, str] = {}
+        self.finished: set[str] = set()
         self.running = 0
         self.granted_total = 0
         self.expired_total = 0
@@ -66,6 +75,9 @@ class AdmissionController:
         """Groups that may start now (None = unbounded: no staleness bound and no running cap)."""
         if self.max_staleness is None or not self.models:
             return None if self.max_running is None else max(self.max_running - self.running, 0)
+        training = [m for m in self.models if m not in self.finished]
+        if not training:
+            return 0  # every learner is done: nothing generated now could be trained
         return min(
             admission_capacity(
                 self.max_staleness,
@@ -75,7 +87,7 @@ class AdmissionController:
                 self.running,
                 self.max_running,
             )
-            for m in self.models
+            for m in training
         )
 
     def grant(self, producer: str, n_groups: int, now: float) -> int:
@@ -143,10 +155,27 @@ class AdmissionController:
     def knows_model(self, model: str) -> bool:
         return model in self.versions
 
-    def update_version(self, model: str, version: int) -> None:
+    def update_version(self, model: str, version: int, incarnation: str = "", finished: bool = False,
+                       queued_groups: int = 0) -> bool:
+        """Follow a learner's version report; `queued_groups` = the model's complete groups still held here.
+
+        Returns whether the report came from a learner process not heard from before (the budget was
+        recounted)."""
         self.versions[model] = version
+        if finished:
+            self.finished.add(model)
+        else:
+            self.finished.discard(model)
+        new_learner = bool(incarnation) and self.incarnations.get(model) != incarnation
+        if incarnation:
+            self.incarnations[model] = incarnation
         if model in self.accepted and model in self.groups_per_step:
-            self.accepted[model] = max(self.accepted[model], version * self.groups_per_step[model])
+            consumed = version * self.groups_per_step[model]
+            if new_learner:
+                self.accepted[model] = consumed + queued_groups
+            else:
+                self.accepted[model] = max(self.accepted[model], consumed)
+        return new_learner
 
     def stale_reason(self, model: str, oldest_version: int) -> Optional[str]:
         """'stale' when data of `oldest_version` may no longer train `model` (None: deliver it)."""

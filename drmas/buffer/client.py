@@ -13,12 +13,14 @@ import itertools
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import zmq
 
-from drmas.buffer.config import BufferConfig, CurveClientKeys
+from drmas.buffer.config import BufferConfig
+from drmas.netsec import CurveClientKeys
 from drmas.buffer.messages import (
     Ack,
     AdmitReply,
@@ -334,9 +336,10 @@ class BufferConsumer(_Client):
     ) -> None:
         super().__init__(endpoint, timeout_s, curve, context)
         self._backlog: list[AgentGroup] = []  # late answers to pulls that timed out here
-        self._versions: dict[str, int] = {}  # model -> last version reported (re-sent to a restarted buffer)
+        self._versions: dict[str, VersionUpdate] = {}  # model -> last version report (re-sent to a restarted buffer)
         self._resync = False
-        self._invalid: list[tuple[str, str, int]] = []  # (agent, group_id, n_samples) not yet reported
+        self._invalid: list[tuple[str, str, int, str]] = []  # (agent, group_id, n_samples, reason) to report
+        self._undecodable: Counter[str] = Counter()  # reason -> samples of groups dropped on opening
 
     @classmethod
     def from_config(cls, config: BufferConfig, **overrides) -> "BufferConsumer":
@@ -364,15 +367,19 @@ class BufferConsumer(_Client):
         self._report_invalid()
         if self._resync:
             self._resync = False
-            for model, version in self._versions.items():
-                self.report_version(model, version)
+            for update in list(self._versions.values()):
+                self.report_version(update.model, update.version, update.incarnation, update.finished)
         return groups
 
-    def report_version(self, model: str, version: int) -> None:
-        """Publish this learner's policy version (admission and the stale-drop rule follow it)."""
-        self._versions[model] = version
+    def report_version(self, model: str, version: int, incarnation: str = "", finished: bool = False) -> None:
+        """Publish this learner's policy version (admission and the stale-drop rule follow it).
+
+        `incarnation` names this learner process (a new one makes the buffer recount the model's budget);
+        `finished` says it took its last step (admission then stops waiting for it)."""
         seq = next(self._seq)
-        self._request(VersionUpdate(seq=seq, model=model, version=version), seq)
+        update = VersionUpdate(seq=seq, model=model, version=version, incarnation=incarnation, finished=finished)
+        self._versions[model] = update
+        self._request(update, seq)
 
     def report_drops(self, agent: str, group_ids: Sequence[str], n_samples: int, reason: str) -> None:
         """Tell the buffer this learner dropped delivered groups, so they are counted and replaced."""
@@ -393,13 +400,20 @@ class BufferConsumer(_Client):
                 groups.append(open_group(view))
             except MessageError as exc:
                 log.warning("dropping group %s/%s from %s: %s", view.group_id, view.agent, self.endpoint, exc)
-                self._invalid.append((view.agent, view.group_id, len(view.samples)))
+                self._invalid.append((view.agent, view.group_id, len(view.samples), exc.reason))
+                self._undecodable[exc.reason] += len(view.samples)
         return groups
+
+    def pop_undecodable(self) -> Counter[str]:
+        """Samples of delivered groups dropped because a sample failed to decode or validate, by reason, since
+        the last call (already reported to the buffer; for the caller's own metrics)."""
+        counts, self._undecodable = self._undecodable, Counter()
+        return counts
 
     def _report_invalid(self) -> None:
         while self._invalid:
-            agent, group_id, n_samples = self._invalid.pop()
-            self.report_drops(agent, [group_id], n_samples, "invalid_sample")
+            agent, group_id, n_samples, reason = self._invalid.pop()
+            self.report_drops(agent, [group_id], n_samples, reason)
 
     def _on_unmatched(self, reply: ClientReply) -> None:
         if isinstance(reply, GroupBatchView):  # delivered to us after our pull timed out: keep, never lose

@@ -1,4 +1,4 @@
-"""Configuration of the trajectory buffer and its clients, and the CURVE key material they use.
+"""Configuration of the trajectory buffer and its clients (the CURVE key material itself: `drmas.netsec`).
 
 `BufferConfig` is a plain dataclass with help text per field so it can be hooked into the main
 OmegaConf schema unchanged. Key *material* (`CurveKeys`, `CurveClientKeys`) is kept out of it: the
@@ -7,15 +7,10 @@ config only names key files, and the files are read where the sockets are made.
 
 from __future__ import annotations
 
-import ipaddress
-import logging
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Optional
-from urllib.parse import urlsplit
 
-import zmq
-import zmq.auth
+from drmas.netsec import CurveClientKeys, CurveKeys
 
 
 def _f(default: Any, help: str) -> Any:
@@ -38,6 +33,17 @@ class BufferConfig:
         4096,
         "Samples the buffer holds before it stops acknowledging new groups (producers then slow down; "
         "nothing is dropped for lack of space).",
+    )
+    max_held_samples: Optional[int] = _f(
+        None,
+        "Hard limit on samples held (null = 4 x capacity_samples). Producers that respect their window never "
+        "reach it; beyond it an episode is refused ('buffer_full') and its group dropped, instead of being "
+        "stored first. Must leave room for the groups admission lets run at once.",
+    )
+    max_sample_tokens: Optional[int] = _f(
+        32768,
+        "Most prompt + response tokens of one sample; longer ones are refused ('too_long') before a learner "
+        "tries to fit them in memory (null = no limit; learners also check their model's positions).",
     )
     max_message_bytes: int = _f(
         64 * 1024 * 1024,
@@ -87,11 +93,21 @@ class BufferConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"buffer.{name} must be > 0, got {getattr(self, name)}")
+        if self.max_held_samples is not None and self.max_held_samples < self.capacity_samples:
+            raise ValueError(f"buffer.max_held_samples ({self.max_held_samples}) must be >= buffer.capacity_samples "
+                             f"({self.capacity_samples}) or null")
+        if self.max_sample_tokens is not None and self.max_sample_tokens < 2:
+            raise ValueError(f"buffer.max_sample_tokens must be >= 2 or null, got {self.max_sample_tokens}")
         if self.max_running_groups is not None and self.max_running_groups < 1:
             raise ValueError(f"buffer.max_running_groups must be >= 1 or null, got {self.max_running_groups}")
         server_curve = (self.curve_server_secret_file, self.curve_authorized_keys_dir)
         if (server_curve[0] is None) != (server_curve[1] is None):
             raise ValueError("buffer.curve_server_secret_file and buffer.curve_authorized_keys_dir go together")
+
+    @property
+    def hard_capacity(self) -> int:
+        """Samples the buffer never holds more of (see `max_held_samples`)."""
+        return self.max_held_samples if self.max_held_samples is not None else 4 * self.capacity_samples
 
     def server_curve(self) -> Optional["CurveKeys"]:
         """The buffer's CURVE keys read from the configured files, or None when CURVE is off."""
@@ -109,91 +125,3 @@ class BufferConfig:
     def help(cls) -> dict[str, str]:
         """Field name -> help text, for CLI listings."""
         return {f.name: f.metadata["help"] for f in fields(cls)}
-
-
-@dataclass(frozen=True)
-class CurveKeys:
-    """The buffer's CURVE identity and the client public keys it lets in (all z85-encoded)."""
-
-    public: bytes
-    secret: bytes
-    allowed_clients: frozenset[bytes]
-
-    @classmethod
-    def from_files(cls, secret_file: str, authorized_keys_dir: str) -> "CurveKeys":
-        public, secret = zmq.auth.load_certificate(secret_file)
-        if secret is None:
-            raise ValueError(f"{secret_file} holds no secret key (use the *.key_secret certificate)")
-        allowed = frozenset(
-            zmq.auth.load_certificate(str(path))[0] for path in sorted(Path(authorized_keys_dir).glob("*.key"))
-        )
-        if not allowed:
-            raise ValueError(f"no client public keys (*.key) in {authorized_keys_dir}: nobody could connect")
-        return cls(public=public, secret=secret, allowed_clients=allowed)
-
-
-@dataclass(frozen=True)
-class CurveClientKeys:
-    """A client's CURVE key pair plus the buffer's public key it expects (all z85-encoded)."""
-
-    public: bytes
-    secret: bytes
-    server_public: bytes
-
-    @classmethod
-    def from_files(cls, secret_file: str, server_public_file: str) -> "CurveClientKeys":
-        public, secret = zmq.auth.load_certificate(secret_file)
-        if secret is None:
-            raise ValueError(f"{secret_file} holds no secret key (use the *.key_secret certificate)")
-        server_public, _ = zmq.auth.load_certificate(server_public_file)
-        return cls(public=public, secret=secret, server_public=server_public)
-
-
-def generate_keypair() -> tuple[bytes, bytes]:
-    """A fresh (public, secret) z85 CURVE key pair; `zmq.auth.create_certificates` writes files."""
-    return zmq.curve_keypair()
-
-
-def is_local_endpoint(endpoint: str) -> bool:
-    """Whether only this machine can reach `endpoint` (loopback tcp, ipc, inproc).
-
-    Anything else (a wildcard ``*``, ``0.0.0.0``, an interface name or a routable address) exposes the
-    buffer to the network, where unauthenticated peers could inject training data.
-    """
-    parts = urlsplit(endpoint)
-    if parts.scheme in ("ipc", "inproc"):
-        return True
-    if parts.scheme != "tcp":
-        return False
-    return is_loopback_host(parts.netloc.rsplit(":", 1)[0].strip("[]"))
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether `host` (a name or address, no port) is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def start_curve_authenticator(context: zmq.Context, allowed_clients: frozenset[bytes]):
-    """Start ZeroMQ's ZAP handler on `context` so CURVE servers there admit only `allowed_clients`."""
-    import zmq.auth.thread
-
-    auth = zmq.auth.thread.ThreadAuthenticator(context, log=logging.getLogger("drmas.curve"))
-    auth.start()
-    auth.configure_curve_callback("*", credentials_provider=_AllowList(allowed_clients))
-    return auth
-
-
-class _AllowList:
-    """ZAP credentials provider: a client may connect only with one of the allowed public keys."""
-
-    def __init__(self, allowed: frozenset[bytes]) -> None:
-        self._allowed = allowed
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        return key in self._allowed
-

@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from drmas.process import StopFlag, config_parser, load_or_exit, setup_logging
+from drmas.process import StopFlag, add_log_file, config_parser, load_or_exit, setup_logging
 
 log = logging.getLogger("drmas.buffer")
 
@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     except (EndpointError, ValueError) as exc:
         print(f"drmas-buffer: {exc}", file=sys.stderr)
         return 2
+    add_log_file(Path(cfg.trainer.output_dir) / "buffer")
     writer = MetricsWriter(Path(cfg.trainer.output_dir) / "buffer", tensorboard=cfg.logging.tensorboard)
     buffer.start()
     log.info("serving producers at %s, learners at %s (max_staleness=%d)", buffer.producer_endpoint,

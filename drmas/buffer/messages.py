@@ -19,12 +19,12 @@ side decodes them at most once:
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Annotated, Callable, Optional, Union
 
 import msgspec
 
 from drmas.protocol import SCHEMA_VERSION as SAMPLE_SCHEMA_VERSION
-from drmas.protocol import Sample, decode_sample
+from drmas.protocol import Finite, Name, Sample, Version, check_sample, decode_sample, reason_of
 
 MESSAGE_SCHEMA_VERSION = 1
 
@@ -34,6 +34,18 @@ REJECT_MALFORMED = "malformed"
 REJECT_SCHEMA_VERSION = "schema_version"
 REJECT_UNEXPECTED = "unexpected_message"
 REJECT_INVALID = "invalid"
+
+
+# Bounds on what a client may claim. Every counter the buffer keeps is derived from these fields, so they
+# are bounded where they are decoded: a version of 2**63 once made every later stats reply unencodable.
+_LIMIT = 1 << 16
+Seq = Annotated[int, msgspec.Meta(ge=-1, le=2**62)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=_LIMIT)]  # groups asked for, group sizes
+Producer = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+AgentName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+# A drop reason becomes a metric name (`buffer/learner_dropped/<reason>`): a short code, not free text.
+DropReason = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9_]{1,48}$")]
+WaitMs = Annotated[int, msgspec.Meta(ge=0, le=3_600_000)]
 
 
 class MessageError(ValueError):
@@ -57,20 +69,20 @@ class _Message(msgspec.Struct, kw_only=True, tag=True, tag_field="type"):
 class EpisodeMsg(_Message):
     """One finished episode: every agent call it made. The buffer assembles GRPO groups from these."""
 
-    producer: str  # stable name of the rollout process (admission leases are keyed by it)
-    seq: int  # producer-chosen sequence number, echoed by the `Ack`
-    group_id: str
-    group_size: int  # episodes the group will have; the group is complete when all arrived
-    episode_id: str
+    producer: Producer  # stable name of the rollout process (admission leases are keyed by it)
+    seq: Seq  # producer-chosen sequence number, echoed by the `Ack`
+    group_id: Name
+    group_size: Count  # episodes the group will have; the group is complete when all arrived
+    episode_id: Name
     samples: list[Sample]
 
 
 class AdmitRequest(_Message):
     """Ask to start `n_groups` new groups; the grant respects every model's staleness bound."""
 
-    seq: int
-    producer: str
-    n_groups: int
+    seq: Seq
+    producer: Producer
+    n_groups: Count
 
 
 # ---- learner -> buffer --------------------------------------------------------------------------
@@ -79,42 +91,50 @@ class AdmitRequest(_Message):
 class Pull(_Message):
     """Ask for up to `max_groups` complete agent groups of `agents`, waiting up to `wait_ms` for one."""
 
-    seq: int
-    agents: list[str]
-    max_groups: int = 1
-    wait_ms: int = 0
+    seq: Seq
+    agents: Annotated[list[AgentName], msgspec.Meta(max_length=1024)]
+    max_groups: Count = 1
+    wait_ms: WaitMs = 0
 
 
 class VersionUpdate(_Message):
-    """A learner published `version` of `model`; admission and the stale-drop rule follow it."""
+    """A learner published `version` of `model`; admission and the stale-drop rule follow it.
 
-    seq: int
-    model: str
-    version: int
+    `incarnation` names the learner process: a new one (a restart, possibly from an older checkpoint) makes
+    the buffer recount the model's staleness budget from what it still holds, since whatever the old process
+    had pulled but not trained is gone. `finished` says the learner reached its last step: admission stops
+    waiting for it, and parts for its agents are no longer kept (nobody will pull them).
+    """
+
+    seq: Seq
+    model: Name
+    version: Version
+    incarnation: Name = ""
+    finished: bool = False
 
 
 class DropReport(_Message):
     """A learner dropped delivered groups (e.g. too stale by the time it trained): count and refill."""
 
-    seq: int
-    agent: str
-    group_ids: list[str]
-    n_samples: int
-    reason: str
+    seq: Seq
+    agent: AgentName
+    group_ids: Annotated[list[Name], msgspec.Meta(max_length=_LIMIT)]
+    n_samples: Annotated[int, msgspec.Meta(ge=0, lt=2**31)]
+    reason: DropReason
 
 
 class StatsRequest(_Message):
     """Ask for a `Stats` snapshot (allowed from producers and learners)."""
 
-    seq: int
+    seq: Seq
 
 
 class Heartbeat(_Message):
     """A producer is alive (sent by its heartbeat thread; never answered). A producer silent for
     `producer_timeout_s` is taken for dead: its admitted groups and unfinished groups are released."""
 
-    seq: int
-    producer: str
+    seq: Seq
+    producer: Producer
 
 
 # ---- buffer -> clients --------------------------------------------------------------------------
@@ -198,11 +218,11 @@ Message = Union[
 class EpisodeView(_Message, tag="EpisodeMsg"):
     """`EpisodeMsg` as the buffer reads it: samples stay raw until validated one by one."""
 
-    producer: str
-    seq: int
-    group_id: str
-    group_size: int
-    episode_id: str
+    producer: Producer
+    seq: Seq
+    group_id: Name
+    group_size: Count
+    episode_id: Name
     samples: list[msgspec.Raw]
 
 
@@ -228,12 +248,13 @@ class SampleHeader(msgspec.Struct, kw_only=True):
     """The routing fields of a `Sample`; decoding only these skips the token lists (fast path)."""
 
     schema_version: int
-    episode_id: str
-    group_id: str
-    agent: str
-    model: str
-    policy_version: int
-    reward: float = 0.0
+    episode_id: Name
+    group_id: Name
+    agent: Name
+    model: Name
+    policy_version: Version
+    reward: Finite = 0.0
+    episode_reward: Finite = 0.0
 
 
 BufferRequest = Union[EpisodeView, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat]
@@ -272,6 +293,8 @@ class _UnionDecoder:
             raise MessageError(REJECT_OVERSIZED, f"{len(data)} bytes > limit {max_bytes}")
         try:
             message = self._decoder.decode(data)
+        except RecursionError:  # msgpack nested deeper than the interpreter's stack: garbage, not a bug
+            raise MessageError(REJECT_MALFORMED, "message nested too deeply") from None
         except (msgspec.DecodeError, ValueError) as exc:
             raise self._explain(data, exc) from None
         if message.schema_version != MESSAGE_SCHEMA_VERSION:
@@ -287,7 +310,7 @@ class _UnionDecoder:
         """Tell a foreign schema version or a misdirected message apart from plain garbage."""
         try:
             envelope = _ENVELOPE_DECODER.decode(data)
-        except (msgspec.DecodeError, ValueError):
+        except (msgspec.DecodeError, ValueError, RecursionError):
             return MessageError(REJECT_MALFORMED, str(exc))
         if envelope.schema_version not in (-1, MESSAGE_SCHEMA_VERSION):
             return MessageError(
@@ -295,6 +318,8 @@ class _UnionDecoder:
             )
         if envelope.type in _KNOWN_TAGS and envelope.type not in self._accepted:
             return MessageError(REJECT_UNEXPECTED, f"{envelope.type} is not accepted here")
+        if isinstance(exc, msgspec.ValidationError) and envelope.type in self._accepted:
+            return MessageError(REJECT_INVALID, str(exc))  # well formed, but a value out of its bounds
         return MessageError(REJECT_MALFORMED, str(exc))
 
 
@@ -323,7 +348,7 @@ def recover_seq(data: bytes) -> int:
     be matched by the sender: a producer would otherwise wait forever on an episode it counts as unacked."""
     try:
         return _ENVELOPE_DECODER.decode(data).seq
-    except (msgspec.DecodeError, ValueError):
+    except (msgspec.DecodeError, ValueError, RecursionError):
         return -1
 
 
@@ -337,13 +362,14 @@ def decode_client_reply(data: bytes) -> ClientReply:
 
 
 def open_group(view: AgentGroupView) -> AgentGroup:
-    """Decode and validate every sample of one delivered group; `MessageError` if any is bad."""
+    """Decode and validate every sample of one delivered group; `MessageError` (reason: why the sample is
+    refused, see `drmas.protocol.reason_of`) if any is bad."""
     samples = []
     for index, raw in enumerate(view.samples):
         try:
             samples.append(decode_sample(raw))
         except (msgspec.DecodeError, ValueError) as exc:
-            raise MessageError(REJECT_INVALID, f"group {view.group_id} sample {index}: {exc}") from None
+            raise MessageError(reason_of(exc), f"group {view.group_id} sample {index}: {exc}") from None
     return AgentGroup(
         group_id=view.group_id, agent=view.agent, model=view.model, samples=samples,
         episode_scores=view.episode_scores,
@@ -351,21 +377,21 @@ def open_group(view: AgentGroupView) -> AgentGroup:
 
 
 def validated_samples(
-    episode: EpisodeView, full: bool = True
+    episode: EpisodeView, full: bool = True, max_tokens: Optional[int] = None
 ) -> list[tuple[Union[Sample, SampleHeader], msgspec.Raw]]:
     """Check an episode's raw samples and pair each with its decoded fields.
 
-    `full` decodes every sample completely (types, token/log-prob lengths), so a malformed sample is
-    refused at its producer instead of breaking a learner's whole batch later; without it only the
-    routing header is checked, which is several times cheaper for trusted producers.
+    `full` decodes every sample completely (types, finite values, token/log-prob lengths, at most
+    `max_tokens` tokens), so a bad sample is refused at its producer instead of breaking a learner's whole
+    batch later; without it only the routing header (names, version, finite rewards) is checked, which is
+    several times cheaper for trusted producers. The `MessageError` reason says which rule failed.
     """
-    decode = decode_sample if full else _decode_header
     pairs = []
     for index, raw in enumerate(episode.samples):
         try:
-            sample = decode(raw)
+            sample = decode_sample(raw, max_tokens) if full else _decode_header(raw)
         except (msgspec.DecodeError, ValueError) as exc:
-            raise MessageError(REJECT_INVALID, f"sample {index}: {exc}") from None
+            raise MessageError(reason_of(exc), f"sample {index}: {exc}") from None
         _check_sample_ids(sample, episode.group_id, episode.episode_id, index)
         pairs.append((sample, raw))
     return pairs
@@ -385,14 +411,9 @@ def _check_sample_version(version: int) -> None:
 def _check_sample(sample: Sample, where: str) -> None:
     """The same checks as `drmas.protocol.decode_sample`, for samples decoded inside a message."""
     try:
-        _check_sample_version(sample.schema_version)
+        check_sample(sample)
     except ValueError as exc:
-        raise MessageError(REJECT_INVALID, f"{where}: {exc}") from None
-    if len(sample.response_ids) != len(sample.behaviour_logprobs):
-        raise MessageError(
-            REJECT_INVALID,
-            f"{where}: {len(sample.response_ids)} response tokens but {len(sample.behaviour_logprobs)} log-probs",
-        )
+        raise MessageError(reason_of(exc), f"{where}: {exc}") from None
 
 
 def _check_sample_ids(sample: Union[Sample, SampleHeader], group_id: str, episode_id: str, index: int) -> None:
@@ -405,8 +426,6 @@ def _check_sample_ids(sample: Union[Sample, SampleHeader], group_id: str, episod
 
 
 def _check_episode_fields(message: Union[EpisodeMsg, EpisodeView]) -> None:
-    if not message.producer:
-        raise MessageError(REJECT_INVALID, "episode without a producer name")
     if message.group_size < 1:
         raise MessageError(REJECT_INVALID, f"group_size must be >= 1, got {message.group_size}")
     if not message.samples:
@@ -423,23 +442,8 @@ def _validate_episode(message: EpisodeMsg) -> None:
 def _validate_pull(message: Pull) -> None:
     if not message.agents:
         raise MessageError(REJECT_INVALID, "pull names no agents")
-    if message.max_groups < 1 or message.wait_ms < 0:
-        raise MessageError(REJECT_INVALID, f"pull needs max_groups >= 1 and wait_ms >= 0, got {message}")
-
-
-def _validate_admit(message: AdmitRequest) -> None:
-    if not message.producer or message.n_groups < 0:
-        raise MessageError(REJECT_INVALID, f"admission needs a producer and n_groups >= 0, got {message}")
-
-
-def _validate_version(message: VersionUpdate) -> None:
-    if message.version < 0:
-        raise MessageError(REJECT_INVALID, f"version must be >= 0, got {message.version}")
-
-
-def _validate_drop_report(message: DropReport) -> None:
-    if message.n_samples < 0 or not message.reason:
-        raise MessageError(REJECT_INVALID, "drop report needs n_samples >= 0 and a reason")
+    if message.max_groups < 1:
+        raise MessageError(REJECT_INVALID, f"pull needs max_groups >= 1, got {message.max_groups}")
 
 
 def _validate_batch(message: GroupBatch) -> None:
@@ -452,8 +456,5 @@ _VALIDATORS: dict[type, Callable] = {
     EpisodeMsg: _validate_episode,
     EpisodeView: _check_episode_fields,
     Pull: _validate_pull,
-    AdmitRequest: _validate_admit,
-    VersionUpdate: _validate_version,
-    DropReport: _validate_drop_report,
     GroupBatch: _validate_batch,
 }

@@ -1,17 +1,13 @@
 """`TrajectoryBuffer`: the ZeroMQ server between rollout processes and learners.
 
-Sockets. Two ROUTER sockets, one per side: producers (`EpisodeMsg`, `AdmitRequest`) and learners
-(`Pull`, `VersionUpdate`, `DropReport`); both accept `StatsRequest`. Separate sockets keep a flood of
-episodes from delaying a learner's pull (the loop serves learners first, since every pull frees space)
-and let each side have its own endpoint. A message of the other side's kind is refused as
-``unexpected_message``.
+Sockets (`drmas.buffer.router`). Two ROUTER sockets, one per side: producers (`EpisodeMsg`, `AdmitRequest`)
+and learners (`Pull`, `VersionUpdate`, `DropReport`); both accept `StatsRequest`. A message of the other
+side's kind is refused as ``unexpected_message``.
 
-Flow control by credit, never by dropping. Every episode is acknowledged, and a producer keeps at most
-`window` episodes unacknowledged. While the buffer holds `capacity_samples` or more, the ack of an
-episode that *opens a new group* is parked until learners drain space; episodes of groups already
-started are still acknowledged, so a started group can always complete (otherwise a full buffer of
-half-finished groups would deadlock, with learners unable to drain anything). Held samples therefore
-exceed the capacity by at most the producers' in-flight windows plus the rest of groups already started.
+Flow control by credit, never by silent dropping (`drmas.buffer.credit`): acks of new groups are parked
+while the buffer is full, and a producer that ignores them is refused. An episode refused for any reason
+of its own (a bad sample, the buffer full) takes its group down with it, counted, since that group could
+never complete.
 
 Delivery is at most once per agent group: groups leave the buffer when sent; a send to a learner that
 has disconnected fails (ROUTER_MANDATORY) and the groups go back to the head of their queues.
@@ -25,19 +21,16 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
-import uuid
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Union
 
 import msgspec
-import zmq
-import zmq.auth.thread
 
 from drmas.buffer.admission import AdmissionController
-from drmas.buffer.config import BufferConfig, CurveKeys, is_local_endpoint, start_curve_authenticator
+from drmas.buffer.config import BufferConfig
+from drmas.buffer.credit import CreditGate
 from drmas.buffer.messages import (
     REJECT_UNEXPECTED,
     Ack,
@@ -47,43 +40,34 @@ from drmas.buffer.messages import (
     DropReport,
     EpisodeView,
     GroupBatchView,
+    Heartbeat,
     MessageError,
     Pull,
     SampleHeader,
     Stats,
     StatsRequest,
-    Heartbeat,
     VersionUpdate,
-    decode_buffer_request,
-    encode_message,
-    recover_seq,
     validated_samples,
 )
-from drmas.buffer.store import EpisodeRefused, GroupStore, QueuedGroup, StoredSample
+from drmas.buffer.router import TICK_S, RouterServer
+from drmas.buffer.store import (
+    DROP_REFUSED_EPISODE,
+    GroupStore,
+    QueuedGroup,
+    StoredSample,
+)
+from drmas.netsec import CurveKeys
 from drmas.protocol import Sample
 
 log = logging.getLogger(__name__)
 
-REJECT_FRAMING = "bad_framing"
 REJECT_UNKNOWN_AGENT = "unknown_agent"
 REJECT_MODEL_MISMATCH = "model_mismatch"
 REJECT_UNKNOWN_MODEL = "unknown_model"
-REJECT_INTERNAL = "internal_error"
+DROP_MODEL_FINISHED = "model_finished"  # parts for a model whose learner finished: nobody will pull them
+OTHER_REASON = "other"
+_MAX_REPORTED_REASONS = 32  # distinct learner drop reasons kept apart; more are counted as OTHER_REASON
 
-_TICK_S = 0.05  # longest poll: bounds the latency of stop(), timeouts and external discards
-_MAX_BATCH = 32  # messages read from one socket before serving the other (keeps pulls prompt)
-_HARD_SIZE_FACTOR = 4  # libzmq disconnects peers sending more than this many max_message_bytes
-
-
-class InsecureEndpointError(ValueError):
-    """Raised when the buffer would listen beyond this machine without CURVE authentication."""
-
-
-@dataclass
-class _ParkedAck:
-    identity: bytes
-    seq: int
-    n_samples: int
 
 
 @dataclass
@@ -93,7 +77,7 @@ class _ParkedPull:
     deadline: float
 
 
-class TrajectoryBuffer:
+class TrajectoryBuffer(RouterServer):
     """Per-agent queues of complete GRPO groups behind two ZeroMQ ROUTER sockets.
 
     Args:
@@ -117,197 +101,23 @@ class TrajectoryBuffer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         config.validate()
-        self.config = config
-        self._curve = curve if curve is not None else config.server_curve()
-        for endpoint in (config.producer_endpoint, config.consumer_endpoint):
-            if self._curve is None and not is_local_endpoint(endpoint):
-                raise InsecureEndpointError(
-                    f"refusing to bind {endpoint} without CURVE: anyone on the network could inject training "
-                    "data. Bind 127.0.0.1 or configure buffer.curve_server_secret_file and "
-                    "buffer.curve_authorized_keys_dir."
-                )
         self._agent_models = dict(agent_models or {})
-        self._clock = clock
-        # Stamped on every reply: clients that see it change know this buffer restarted and forgot what
-        # they had sent before (unacknowledged episodes, reported versions) and recover instead of waiting.
-        self.instance = uuid.uuid4().hex[:12]
         self._store = GroupStore()
         self._admission = AdmissionController(
             self._agent_models, groups_per_step or {}, max_staleness, config.max_running_groups, config.lease_timeout_s
         )
-        self._rejected: Counter[str] = Counter()
         self._reported_drops: Counter[str] = Counter()
-        self._parked_acks: deque[_ParkedAck] = deque()
+        self._credit = CreditGate(config.capacity_samples, config.hard_capacity, config.window)
         self._producer_seen: dict[str, float] = {}  # producer id -> when it last sent anything
         self._parked_pulls: list[_ParkedPull] = []
         self._new_groups = False
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self._loop_ident: Optional[int] = None  # thread running serve_forever, if any
-        self._loop_done = threading.Event()
-        self._close_lock = threading.Lock()
-        self._closed = False
-        self._context = zmq.Context()
-        self._auth: Optional[zmq.auth.thread.ThreadAuthenticator] = None
-        try:
-            self._start_auth()
-            self._producers = self._bind(config.producer_endpoint)
-            self._consumers = self._bind(config.consumer_endpoint)
-        except BaseException:
-            self._release_sockets()
-            raise
-        self._poller = zmq.Poller()
-        self._poller.register(self._consumers, zmq.POLLIN)
-        self._poller.register(self._producers, zmq.POLLIN)
-
-    # ---- setup ------------------------------------------------------------------------------------
-
-    def _start_auth(self) -> None:
-        if self._curve is None:
-            return
-        self._auth = start_curve_authenticator(self._context, self._curve.allowed_clients)
-
-    def _bind(self, endpoint: str) -> zmq.Socket:
-        sock = self._context.socket(zmq.ROUTER)
-        try:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes * _HARD_SIZE_FACTOR)
-            if self._curve is not None:
-                sock.curve_server = True
-                sock.curve_publickey = self._curve.public
-                sock.curve_secretkey = self._curve.secret
-            if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
-                endpoint = endpoint[:-2] + ":*"
-            sock.bind(endpoint)
-        except BaseException:
-            sock.close(linger=0)  # an open socket would make the context's term() in cleanup wait forever
-            raise
-        return sock
-
-    @property
-    def producer_endpoint(self) -> str:
-        """The producer endpoint actually bound (a requested port 0 resolved)."""
-        return self._producers.getsockopt_string(zmq.LAST_ENDPOINT)
-
-    @property
-    def consumer_endpoint(self) -> str:
-        """The learner endpoint actually bound (a requested port 0 resolved)."""
-        return self._consumers.getsockopt_string(zmq.LAST_ENDPOINT)
-
-    # ---- lifecycle --------------------------------------------------------------------------------
-
-    def start(self) -> "TrajectoryBuffer":
-        """Serve in a background thread (tests, colocated runs); `stop()` ends it."""
-        if self._thread is not None:
-            raise RuntimeError("buffer already started")
-        self._thread = threading.Thread(target=self.serve_forever, name="drmas-buffer", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """End the loop and release sockets and context; the counters stay readable via `stats()`.
-
-        Safe from any thread and from a signal handler running inside `serve_forever` (then it only asks
-        the loop to end; the loop releases everything on its way out).
-        """
-        self._stop.set()
-        if self._loop_ident == threading.get_ident():
-            return
-        if self._loop_ident is not None and not self._loop_done.wait(timeout_s):
-            raise RuntimeError(f"buffer loop did not stop within {timeout_s}s")
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
-        self._release_sockets()
-
-    close = stop
-
-    def __enter__(self) -> "TrajectoryBuffer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _release_sockets(self) -> None:
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-            for name in ("_producers", "_consumers"):
-                sock = getattr(self, name, None)
-                if sock is not None:
-                    sock.close(linger=0)
-            if self._auth is not None:
-                self._auth.stop()
-            self._context.term()
-
-    def serve_forever(self) -> None:
-        """Run the poll loop until `stop()`, then release the sockets; one bad message never ends it."""
-        if self._closed:
-            raise RuntimeError("buffer already stopped")
-        self._loop_ident = threading.get_ident()
-        try:
-            while not self._stop.is_set():
-                events = dict(self._poller.poll(self._poll_timeout_ms()))
-                with self._lock:
-                    if self._consumers in events:
-                        self._drain(self._consumers, self._handle_consumer)
-                    if self._producers in events:
-                        self._drain(self._producers, self._handle_producer)
-                    self._housekeeping(self._clock())
-        finally:
-            self._loop_ident = None
-            self._release_sockets()
-            self._loop_done.set()
+        super().__init__(config, curve, clock)  # binds: from here on messages may arrive
 
     def _poll_timeout_ms(self) -> int:
-        timeout = _TICK_S
+        timeout = TICK_S
         if self._parked_pulls:
             timeout = min(timeout, min(p.deadline for p in self._parked_pulls) - self._clock())
         return max(0, math.ceil(timeout * 1000))
-
-    def _drain(self, sock: zmq.Socket, handler: Callable[[bytes, object], None]) -> None:
-        for _ in range(_MAX_BATCH):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._handle_frames(sock, frames, handler)
-
-    def _handle_frames(self, sock: zmq.Socket, frames: list[bytes], handler: Callable[[bytes, object], None]) -> None:
-        """Decode one message and dispatch it; every failure is counted and answered, never raised."""
-        identity = frames[0]
-        seq = -1
-        try:
-            if len(frames) != 2:
-                raise MessageError(REJECT_FRAMING, f"expected 1 payload frame, got {len(frames) - 1}")
-            message = decode_buffer_request(frames[1], self.config.max_message_bytes)
-            seq = message.seq
-            handler(identity, message)
-        except (MessageError, EpisodeRefused) as exc:
-            if seq == -1 and len(frames) == 2:
-                seq = recover_seq(frames[1])
-            self._refuse(sock, identity, seq, exc.reason, exc.detail)
-        except Exception as exc:  # a bug must cost one message, not the buffer
-            log.exception("buffer: internal error while handling a message")
-            self._refuse(sock, identity, seq, REJECT_INTERNAL, repr(exc))
-
-    def _refuse(self, sock: zmq.Socket, identity: bytes, seq: int, reason: str, detail: str) -> None:
-        self._rejected[reason] += 1
-        log.debug("buffer: refused message seq=%s: %s %s", seq, reason, detail)
-        self._send(sock, identity, Ack(seq=seq, accepted=False, reason=reason, detail=detail[:500]))
-
-    def _send(self, sock: zmq.Socket, identity: bytes, message: object) -> bool:
-        """Send without blocking; False when the peer is gone or not reading (the caller recovers)."""
-        message.instance = self.instance  # type: ignore[attr-defined]
-        try:
-            sock.send_multipart([identity, encode_message(message)], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY) or EAGAIN
-            log.debug("buffer: could not send to a peer: %s", exc)
-            return False
 
     # ---- producer side ----------------------------------------------------------------------------
 
@@ -345,22 +155,38 @@ class TrajectoryBuffer:
             raise MessageError(REJECT_UNEXPECTED, f"{type(message).__name__} belongs on the learner endpoint")
 
     def _on_episode(self, identity: bytes, episode: EpisodeView) -> None:
-        pairs = validated_samples(episode, self.config.validate_samples)
-        samples = [self._stored(sample, raw) for sample, raw in pairs]
+        try:
+            pairs = validated_samples(episode, self.config.validate_samples, self.config.max_sample_tokens)
+            samples = [self._stored(sample, raw) for sample, raw in pairs]
+            opens_group = not self._store.is_pending(episode.group_id)
+            ack_now = self._credit.check(identity, self._store.held_samples, len(samples), opens_group)
+        except MessageError:
+            self._abandon_group(episode)
+            raise
         score = sum(sample.reward for sample, _ in pairs) / len(pairs)  # the episode's trajectory score
-        opens_group = not self._store.is_pending(episode.group_id)
-        full = self._store.held_samples >= self.config.capacity_samples
         completed = self._store.add_episode(
             episode.producer, episode.group_id, episode.group_size, episode.episode_id, samples, score,
             self._clock(), claim_lease=lambda: self._admission.claim(episode.producer),
         )
         if completed is not None:
             self._admission.on_complete(completed.models, completed.leased)
+            for model in completed.models & self._admission.finished:
+                self._discard_model(model)
             self._new_groups = True
-        if opens_group and full:
-            self._parked_acks.append(_ParkedAck(identity, episode.seq, len(samples)))
-        else:
+        if ack_now:
             self._send(self._producers, identity, Ack(seq=episode.seq, accepted=True))
+        else:
+            self._credit.park(identity, episode.seq, len(samples))
+
+    def _abandon_group(self, episode: EpisodeView) -> None:
+        """An episode was refused: its group can never complete, so drop what arrived of it (counted), refuse
+        the rest of it, and give its admission slot back now rather than after the incomplete timeout."""
+        known = self._store.is_pending(episode.group_id) or self._store.is_closed(episode.group_id)
+        group = self._store.abandon_group(episode.group_id, DROP_REFUSED_EPISODE)
+        if group is not None:
+            self._admission.on_abandoned(group.leased)
+        elif not known:  # the refused episode would have opened the group: return the unit leased for it
+            self._admission.on_abandoned(self._admission.claim(episode.producer))
 
     def _stored(self, sample: Union[Sample, SampleHeader], raw: msgspec.Raw) -> StoredSample:
         """Check a sample against the agent -> model map and keep its routing fields."""
@@ -379,7 +205,7 @@ class TrajectoryBuffer:
         elif isinstance(message, VersionUpdate):
             if self._agent_models and not self._admission.knows_model(message.model):
                 raise MessageError(REJECT_UNKNOWN_MODEL, f"model {message.model!r} serves none of the agents")
-            self._admission.update_version(message.model, message.version)
+            self._on_version(message)
             self._send(self._consumers, identity, Ack(seq=message.seq, accepted=True))
         elif isinstance(message, DropReport):
             self._on_drop_report(message)
@@ -425,9 +251,29 @@ class TrajectoryBuffer:
             episode_scores=group.episode_scores,
         )
 
+    def _on_version(self, update: VersionUpdate) -> None:
+        model = update.model
+        before = self._admission.versions.get(model)
+        if self._admission.update_version(model, update.version, update.incarnation, update.finished,
+                                          self._store.queued_groups(model)):
+            log.info("buffer: learner %s of %s reports version %d (was %s): its budget is recounted",
+                     update.incarnation, model, update.version, before)
+        if update.finished:
+            log.info("buffer: the learner of %s finished at version %d: its parts are no longer kept", model,
+                     update.version)
+            self._discard_model(model)
+
+    def _discard_model(self, model: str) -> None:
+        """Drop the queued parts of a finished model (counted): held, they would fill the buffer for good."""
+        for agent in self._store.agents_of(model):
+            self._store.discard(agent, lambda group: group.model == model, DROP_MODEL_FINISHED)
+
     def _on_drop_report(self, report: DropReport) -> None:
         """Learner-side drops were already delivered: count them apart and give their budget back."""
-        self._reported_drops[report.reason] += report.n_samples
+        reason = report.reason
+        if reason not in self._reported_drops and len(self._reported_drops) >= _MAX_REPORTED_REASONS:
+            reason = OTHER_REASON
+        self._reported_drops[reason] += report.n_samples
         model = self._agent_models.get(report.agent)
         if model is not None:
             for group_id in report.group_ids:
@@ -443,7 +289,8 @@ class TrajectoryBuffer:
         self._admission.expire(now)
         self._release_silent_producers(now)
         self._serve_parked_pulls(now)
-        self._release_parked_acks()
+        for identity, seq in self._credit.release(self._store.held_samples):
+            self._send(self._producers, identity, Ack(seq=seq, accepted=True))
 
     def _serve_parked_pulls(self, now: float) -> None:
         """Answer parked pulls oldest first: with data when some arrived, empty when their wait is over."""
@@ -458,14 +305,6 @@ class TrajectoryBuffer:
                 continue
             still_parked.append(parked)
         self._parked_pulls = still_parked
-
-    def _release_parked_acks(self) -> None:
-        """Hand credit back while space is free; each released ack lets its producer send about as much again."""
-        budget = self.config.capacity_samples - self._store.held_samples
-        while self._parked_acks and budget > 0:
-            parked = self._parked_acks.popleft()
-            budget -= parked.n_samples
-            self._send(self._producers, parked.identity, Ack(seq=parked.seq, accepted=True))
 
     # ---- in-process API ---------------------------------------------------------------------------
 
@@ -501,7 +340,7 @@ class TrajectoryBuffer:
             samples_in_buffer=store.held_samples,
             depth=store.depth(),
             incomplete_groups=store.incomplete_groups,
-            parked_acks=len(self._parked_acks),
+            parked_acks=self._credit.parked,
             parked_pulls=len(self._parked_pulls),
             received_episodes=store.received_episodes,
             received_samples=store.received_samples,

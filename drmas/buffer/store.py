@@ -23,6 +23,8 @@ REFUSE_LATE = "late_episode"
 REFUSE_DISCARDED = "group_discarded"
 DROP_INCOMPLETE = "incomplete_group"
 DROP_PRODUCER_GONE = "producer_gone"
+DROP_REFUSED_EPISODE = "refused_episode"  # a group one of whose episodes was refused can never complete
+_CLOSED_COMPLETE = "complete"
 
 
 class EpisodeRefused(Exception):
@@ -144,6 +146,10 @@ class GroupStore:
     def is_pending(self, group_id: str) -> bool:
         return group_id in self._pending
 
+    def is_closed(self, group_id: str) -> bool:
+        """Whether the group completed or was given up on (recently enough to be remembered)."""
+        return self._closed.reason(group_id) is not None
+
     def add_episode(
         self,
         producer: str,
@@ -181,10 +187,10 @@ class GroupStore:
 
     def _refuse_closed(self, group_id: str) -> None:
         closed = self._closed.reason(group_id)
-        if closed == DROP_INCOMPLETE:
-            raise EpisodeRefused(REFUSE_DISCARDED, f"group {group_id} was discarded as incomplete")
-        if closed is not None:
+        if closed == _CLOSED_COMPLETE:
             raise EpisodeRefused(REFUSE_LATE, f"group {group_id} is already complete")
+        if closed is not None:
+            raise EpisodeRefused(REFUSE_DISCARDED, f"group {group_id} was discarded ({closed})")
 
     @staticmethod
     def _refuse_misfit(group: _PendingGroup, group_size: int, episode_id: str) -> None:
@@ -198,7 +204,7 @@ class GroupStore:
     def _complete(self, group: _PendingGroup) -> CompletedGroup:
         """Split a complete group by agent and queue each part (episode order, then call order)."""
         del self._pending[group.group_id]
-        self._closed.close(group.group_id, "complete")
+        self._closed.close(group.group_id, _CLOSED_COMPLETE)
         by_agent: dict[str, list[StoredSample]] = {}
         for samples in group.episodes.values():
             for sample in samples:
@@ -283,6 +289,16 @@ class GroupStore:
             abandoned.append(self._drop_pending(group, DROP_INCOMPLETE))
         return abandoned
 
+    def abandon_group(self, group_id: str, reason: str) -> Optional[AbandonedGroup]:
+        """Give up on a group that cannot complete (one of its episodes was refused): drop it if pending,
+        and refuse its later episodes either way. Returns the dropped pending group, if there was one."""
+        group = self._pending.get(group_id)
+        if group is not None:
+            return self._drop_pending(group, reason)
+        if self._closed.reason(group_id) is None:
+            self._closed.close(group_id, reason)
+        return None
+
     def abandon_producer(self, producer: str) -> list[AbandonedGroup]:
         """Drop the pending groups `producer` was filling: it is gone, so they can never complete."""
         gone = [g for g in self._pending.values() if g.producer == producer]
@@ -300,6 +316,14 @@ class GroupStore:
 
     def depth(self) -> dict[str, int]:
         return {agent: len(queue) for agent, queue in self._queues.items()}
+
+    def queued_groups(self, model: str) -> int:
+        """Complete groups with a part for `model` still queued (a restarted learner's budget counts them)."""
+        return len({g.group_id for queue in self._queues.values() for g in queue if g.model == model})
+
+    def agents_of(self, model: str) -> list[str]:
+        """Agents with queued parts of `model`."""
+        return [agent for agent, queue in self._queues.items() if any(g.model == model for g in queue)]
 
     @property
     def incomplete_groups(self) -> int:

@@ -1,0 +1,112 @@
+"""Helpers of the trajectory-buffer tests: samples and episodes, clients that are always closed, buffers on
+free loopback ports that are always stopped."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import fields
+from typing import Callable, Iterator, Sequence
+
+import pytest
+import zmq
+
+from drmas.buffer import BufferConfig, BufferConsumer, BufferProducer, TrajectoryBuffer
+from drmas.protocol import Sample
+
+AGENTS = {"solver": "m1", "verifier": "m2"}
+LOCAL = "tcp://127.0.0.1:0"
+
+
+def make_sample(group: str, episode: str, agent: str, reward: float = 0.0, version: int = 0, turn: int = 0) -> Sample:
+    return Sample(
+        episode_id=episode, group_id=group, agent=agent, model=AGENTS.get(agent, "m1"), turn=turn,
+        prompt_ids=[1, 2, 3], response_ids=[4, 5], behaviour_logprobs=[-0.5, -0.25],
+        policy_version=version, temperature=1.0, valid=True, reward=reward,
+    )
+
+
+def episode(group: str, index: int, agents: Sequence[str] = ("solver", "verifier"), reward: float = 0.0,
+            version: int = 0) -> tuple[str, list[Sample]]:
+    """One episode's id and samples: one call per agent, all with the same reward."""
+    episode_id = f"{group}/e{index}"
+    return episode_id, [make_sample(group, episode_id, a, reward, version, turn) for turn, a in enumerate(agents)]
+
+
+def send_group(producer: BufferProducer, group: str, size: int, agents: Sequence[str] = ("solver", "verifier"),
+               version: int = 0) -> None:
+    for i in range(size):
+        episode_id, samples = episode(group, i, agents, reward=float(i), version=version)
+        producer.send_episode(group, size, episode_id, samples)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+def conserved(stats) -> bool:
+    """Every accepted sample is delivered, dropped with a reason, or still held."""
+    return stats.received_samples == stats.delivered_samples + sum(stats.dropped.values()) + stats.samples_in_buffer
+
+
+class Clients:
+    """Creates clients for one test and always closes them."""
+
+    def __init__(self) -> None:
+        self._made: list = []
+
+    def producer(self, buf: TrajectoryBuffer, name: str = "p0", **kw) -> BufferProducer:
+        kw.setdefault("timeout_s", 5.0)
+        return self._keep(BufferProducer(buf.producer_endpoint, name, **kw))
+
+    def consumer(self, buf: TrajectoryBuffer, **kw) -> BufferConsumer:
+        kw.setdefault("timeout_s", 5.0)
+        return self._keep(BufferConsumer(buf.consumer_endpoint, **kw))
+
+    def raw(self, endpoint: str) -> zmq.Socket:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        return self._keep(sock)
+
+    def _keep(self, obj):
+        self._made.append(obj)
+        return obj
+
+    def close(self) -> None:
+        for obj in self._made:
+            obj.close()
+
+
+@pytest.fixture
+def clients() -> Iterator[Clients]:
+    made = Clients()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def make_buffer() -> Iterator[Callable[..., TrajectoryBuffer]]:
+    """Start buffers on free loopback ports; config fields and constructor kwargs may be mixed."""
+    started: list[TrajectoryBuffer] = []
+    config_names = {f.name for f in fields(BufferConfig)}
+
+    def make(**kw) -> TrajectoryBuffer:
+        config = {k: kw.pop(k) for k in list(kw) if k in config_names}
+        config.setdefault("producer_endpoint", LOCAL)
+        config.setdefault("consumer_endpoint", LOCAL)
+        kw.setdefault("agent_models", AGENTS)
+        buf = TrajectoryBuffer(BufferConfig(**config), **kw)
+        started.append(buf)
+        return buf.start()
+
+    try:
+        yield make
+    finally:
+        for buf in started:
+            buf.stop()
