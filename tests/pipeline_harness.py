@@ -20,12 +20,20 @@ from drmas.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
+SMOKE_ASYNC = ROOT / "configs" / "smoke_async.yaml"
 
 
 @pytest.fixture(scope="module")
 def smoke_model() -> Path:
     """Build the smoke model in the session cache before any child process needs it."""
     return assembly.model_path(load_config(SMOKE), "policy")
+
+
+@pytest.fixture(scope="module")
+def smoke_async_models() -> list[Path]:
+    """Build both models of configs/smoke_async.yaml before any child process needs them."""
+    cfg = load_config(SMOKE_ASYNC)
+    return [assembly.model_path(cfg, model) for model in cfg.models]
 
 
 def free_ports(n: int) -> list[int]:
@@ -64,6 +72,11 @@ class Processes:
         except subprocess.TimeoutExpired:
             pytest.fail(f"{name} ignored SIGTERM for {timeout}s\n{self.tail(name)}")
 
+    def kill9(self, name: str) -> None:
+        """kill -9 a child's whole process group (no clean stop, no checkpoint) and reap it."""
+        os.killpg(self.procs[name].pid, signal.SIGKILL)
+        self.procs[name].wait(10)
+
     def tail(self, name: str, lines: int = 30) -> str:
         text = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
         return f"--- {name} ---\n" + "\n".join(text[-lines:])
@@ -81,14 +94,17 @@ class Processes:
             proc.wait(10)
 
 
-def pipeline_overrides(out: Path, max_staleness: int, steps: int) -> list[str]:
-    producer_port, consumer_port, weight_port = free_ports(3)
+def pipeline_overrides(out: Path, max_staleness: int, steps: int, models: tuple[str, ...] = ("policy",)) -> list[str]:
+    """Overrides of a hand-started pipeline on free loopback ports with short timeouts; `models` are the
+    trained models (one weight-sync port each)."""
+    producer_port, consumer_port, *weight_ports = free_ports(2 + len(models))
+    learner_ports = ", ".join(f"{model}: {port}" for model, port in zip(models, weight_ports))
     return [
         f"trainer.output_dir={out}", f"trainer.steps={steps}", "trainer.threads=1", "logging.tensorboard=false",
         f"pipeline.max_staleness={max_staleness}", "pipeline.report_interval_s=0.5",
         f"pipeline.buffer.producer_endpoint=tcp://127.0.0.1:{producer_port}",
         f"pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:{consumer_port}",
-        f"pipeline.learner_ports={{policy: {weight_port}}}",
+        f"pipeline.learner_ports={{{learner_ports}}}",
         "pipeline.weights.timeout_s=10", "pipeline.weights.ready_timeout_s=10", "pipeline.weights.join_retry_s=0.2",
         "pipeline.weights.heartbeat_s=0.25", "pipeline.weights.peer_timeout_s=3",
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -44,6 +46,9 @@ class FakeConsumer:
     def report_drops(self, agent, group_ids, n_samples, reason):
         self.reports.append((agent, list(group_ids), n_samples, reason))
 
+    def pop_undecodable(self):
+        return Counter()
+
 
 def test_collector_counts_groups_not_parts_and_drops_stale_parts_whole():
     parts = [
@@ -79,6 +84,35 @@ def test_collector_drops_parts_made_by_versions_a_killed_learner_published_after
     batch = collector.next_batch(version=6, lineage=lineage)
     assert [p.group_id for p in batch.groups] == ["g1", "g2"]
     assert consumer.reports == [("a", ["g0"], 1, "orphaned")] and batch.dropped == {"orphaned": 1}
+
+
+def test_collector_drops_parts_the_model_cannot_take_with_their_reason():
+    from drmas.learner.sample_limits import SampleLimits
+
+    limits = SampleLimits(vocab_size=100, max_tokens=8)
+    too_long, bad_token, negative, nan_reward = (_part(f"g{i}", "a", {f"e{i}": 1.0}) for i in range(4))
+    too_long.samples[0].prompt_ids = [1] * 8
+    bad_token.samples[0].response_ids = [100]
+    negative.samples[0].prompt_ids = [-1]
+    nan_reward.samples[0].reward = float("nan")
+    good = _part("g9", "a", {"e8": 1.0, "e9": 0.0})
+    consumer = FakeConsumer([too_long, bad_token, negative, nan_reward, good])
+    collector = GroupCollector(consumer, ["a"], groups_per_step=1, max_staleness=1,
+                               stop=StopFlag(install=False), poll_ms=0, limits=limits)
+    batch = collector.next_batch(version=0)
+    assert [p.group_id for p in batch.groups] == ["g9"]
+    assert batch.dropped == {"too_long": 1, "bad_token": 2, "non_finite": 1}
+    assert [r[3] for r in consumer.reports] == ["too_long", "bad_token", "bad_token", "non_finite"]
+
+
+def test_sample_limits_come_from_the_model(tiny_model):
+    from drmas.learner.sample_limits import SampleLimits
+
+    model, _ = tiny_model
+    limits = SampleLimits.of_model(model, configured_max=100_000)
+    assert limits.vocab_size == model.get_input_embeddings().num_embeddings
+    assert limits.max_tokens == model.config.max_position_embeddings
+    assert SampleLimits.of_model(model, configured_max=16).max_tokens == 16
 
 
 def test_collector_returns_none_once_stopped():

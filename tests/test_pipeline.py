@@ -149,3 +149,50 @@ def test_bad_messages_to_a_running_buffer_are_counted_and_training_goes_on(tmp_p
     assert rejected.get("oversized", 0) >= 1, rejected
     assert sum(rejected.values()) >= 3, rejected
     _check_buffer_accounting(out, steps, 2)
+
+
+def _poison(group: str, kind: str):
+    """A well-formed sample the buffer passes with `validate_samples=false` but the model cannot take."""
+    from drmas.protocol import Sample
+
+    prompt, response, logprobs = [1, 2, 3], [4, 5], [-0.5, -0.5]
+    if kind == "bad_token":
+        response = [4, 10**6]  # past the tiny model's vocabulary: IndexError in the embedding
+    elif kind == "too_long":
+        prompt = [7] * 3000  # past the tiny model's 2048 positions
+    elif kind == "non_finite":
+        logprobs = [-0.5, math.nan]
+    episode_id = f"{group}/e0"
+    return episode_id, [Sample(episode_id=episode_id, group_id=group, agent="solver", model="policy", turn=0,
+                               prompt_ids=prompt, response_ids=response, behaviour_logprobs=logprobs,
+                               policy_version=0, temperature=1.0, valid=True, reward=1.0)]
+
+
+def test_samples_the_model_cannot_take_are_dropped_and_the_learner_trains_on(tmp_path, smoke_model):
+    """A token id past the vocabulary, a prompt past the positions and a NaN log-prob reach the learner
+    (the buffer checks only routing fields here); each used to end the learner and with it the run."""
+    from drmas.buffer import BufferProducer
+
+    out = tmp_path / "run"
+    overrides = [*_overrides(out, 1, 2), "pipeline.buffer.validate_samples=false"]
+    producer_endpoint = next(o.split("=", 1)[1] for o in overrides if o.startswith("pipeline.buffer.producer_endpoint="))
+    procs = Processes(tmp_path)
+    kinds = ("bad_token", "too_long", "non_finite")
+    try:
+        procs.start("buffer", "drmas.buffer.main", "--config", str(SMOKE), *overrides)
+        with BufferProducer(producer_endpoint, "poisoner", timeout_s=30) as poisoner:
+            for kind in kinds:  # queued first, so the learner's first pull meets them
+                poisoner.send_episode(f"poison-{kind}", 1, *_poison(f"poison-{kind}", kind))
+            poisoner.flush()
+            assert poisoner.pop_rejections() == []
+        procs.start("rollout", "drmas.rollout.main", "--config", str(SMOKE), *overrides)
+        _learn(procs, "learner", overrides, time.monotonic() + BUDGET_S)
+        assert procs.stop("rollout", 10) == 0 and procs.stop("buffer", 10) == 0, procs.tails()
+    finally:
+        procs.kill_all()
+    steps = read_metrics(out / "learner-policy" / "metrics.jsonl")
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(steps[0].get(f"dropped/policy/{kind}") == 1 for kind in kinds), steps[0]
+    final = read_metrics(out / "buffer" / "metrics.jsonl")[-1]
+    assert all(final[f"buffer/learner_dropped/{kind}"] == 1 for kind in kinds)
+    _check_buffer_accounting(out, steps, 2)

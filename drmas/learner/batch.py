@@ -10,8 +10,10 @@ which only makes consumption a little faster than the admission budget assumes, 
 The buffer already refuses to deliver data older than the bound at pull time; the learner checks again
 because the buffer may have restarted without knowing versions. A part with a too-stale sample, or with a
 sample of weights outside the learner's lineage (made by versions a killed learner published after its last
-checkpoint, see `drmas.lineage`), is dropped whole (its agent's advantages need the whole part) and
-reported, so the buffer counts it and frees its admission slot for a replacement.
+checkpoint, see `drmas.lineage`), or with a sample the model cannot take (`drmas.learner.sample_limits`:
+token ids past its vocabulary, more tokens than its positions, non-finite values), is dropped whole (its
+agent's advantages need the whole part) and reported, so the buffer counts it and frees its admission slot
+for a replacement.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from drmas.buffer import AgentGroup, BufferConsumer
 from drmas.config.schema import AlgorithmConfig
 from drmas.learner.advantage import compute_advantages
 from drmas.learner.running_stats import AgentRewardStats
+from drmas.learner.sample_limits import SampleLimits
 from drmas.lineage import Lineage
 from drmas.process import StopFlag
 from drmas.protocol import Sample
@@ -54,8 +57,10 @@ class GroupCollector:
     """Pulls the agent groups of one learner step, dropping (and reporting) parts beyond the bound."""
 
     def __init__(self, consumer: BufferConsumer, agents: Sequence[str], groups_per_step: int,
-                 max_staleness: int, stop: StopFlag, poll_ms: int = 200) -> None:
+                 max_staleness: int, stop: StopFlag, poll_ms: int = 200,
+                 limits: SampleLimits | None = None) -> None:
         self.consumer = consumer
+        self.limits = limits
         self.agents = list(agents)
         self.groups_per_step = groups_per_step
         self.max_staleness = max_staleness
@@ -78,6 +83,7 @@ class GroupCollector:
                 log.warning("%s; retrying", exc)
                 parts = []
             batch.wait_s += time.monotonic() - start
+            batch.dropped.update(self.consumer.pop_undecodable())
             for part in parts:
                 if any(is_too_stale(s.policy_version, version, self.max_staleness) for s in part.samples):
                     self._drop(part, DROP_STALE, batch)
@@ -86,14 +92,35 @@ class GroupCollector:
                         lineage.contains(s.policy_incarnation, s.policy_version) for s in part.samples):
                     self._drop(part, DROP_ORPHANED, batch)
                     continue
+                violation = self._violation(part)
+                if violation is not None:
+                    self._drop(part, violation, batch)
+                    continue
                 batch.groups.append(part)
                 group_ids.add(part.group_id)
         return batch
 
+    def _violation(self, part: AgentGroup) -> str | None:
+        if self.limits is None:
+            return None
+        for sample in part.samples:
+            reason = self.limits.violation(sample)
+            if reason is not None:
+                log.warning("dropping group %s/%s: a sample of episode %s is %s for this model", part.group_id,
+                            part.agent, sample.episode_id, reason)
+                return reason
+        return None
+
     def _drop(self, part: AgentGroup, reason: str, batch: StepBatch) -> None:
         batch.dropped[reason] += len(part.samples)
+        report_drops(self.consumer, [part], reason)
+
+
+def report_drops(consumer: BufferConsumer, parts: Sequence[AgentGroup], reason: str) -> None:
+    """Tell the buffer these delivered parts will not be trained on (counted there, their budget refilled)."""
+    for part in parts:
         try:
-            self.consumer.report_drops(part.agent, [part.group_id], len(part.samples), reason)
+            consumer.report_drops(part.agent, [part.group_id], len(part.samples), reason)
         except TimeoutError as exc:  # counted here anyway; the buffer's budget recovers on the next version
             log.warning("could not report a dropped group to the buffer: %s", exc)
 

@@ -7,6 +7,15 @@ groups would arrive one version staler than admission assumed. The optimizer ste
 happen inside `WeightSender.exclusive()`, so a rollout that joins meanwhile is never sent half-updated
 weights or new weights under the old version number.
 
+A batch whose update fails (an exception in the advantages or the update, after the sample checks of
+`GroupCollector`) costs that batch, not the learner: its groups are reported dropped ('update_failed'),
+gradients and running statistics are rolled back, and the loop pulls the next batch. Only
+`MAX_FAILED_UPDATES` failures in a row end the process (then something is wrong with the learner itself,
+and a supervisor restarting it with resume is the better remedy).
+
+When the learner reaches `trainer.steps` it tells the buffer it finished, so admission stops waiting for
+it: a peer learner that restarted behind it still gets groups.
+
 Everything this learner writes (metrics, TensorBoard, checkpoints) lives in `<output_dir>/learner-<model>/`,
 so learners of different models never share a file and a restarted learner resumes from its own state.
 """
@@ -25,16 +34,25 @@ from drmas.buffer import BufferConsumer
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.endpoints import learner_address
-from drmas.learner.batch import GroupCollector, StepBatch, group_advantages
+from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
 from drmas.learner.policy import PolicyTrainer
 from drmas.learner.running_stats import AgentRewardStats
+from drmas.learner.sample_limits import SampleLimits
 from drmas.learner.scalars import agent_scalars, staleness_scalars
 from drmas.lineage import Lineage
 from drmas.metrics import MetricsWriter, agent_line
-from drmas.process import StopFlag
+from drmas.process import StopFlag, add_log_file
+from drmas.run_dir import claim_output_dir
 from drmas.weights import WeightSender
 
 log = logging.getLogger(__name__)
+
+MAX_FAILED_UPDATES = 3  # failed updates in a row after which the learner gives up
+DROP_UPDATE_FAILED = "update_failed"
+
+
+class UpdateFailed(RuntimeError):
+    """An update raised before changing the weights: the batch is dropped, the learner goes on."""
 
 
 class LearnerWorker:
@@ -44,8 +62,9 @@ class LearnerWorker:
         from drmas.models import load_model
 
         self.cfg, self.model_id, self.stop = cfg, model_id, stop
-        self.out = Path(cfg.trainer.output_dir) / f"learner-{model_id}"
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.out = claim_output_dir(Path(cfg.trainer.output_dir) / f"learner-{model_id}", cfg.trainer.resume,
+                                    cfg.trainer.overwrite)
+        add_log_file(self.out)
         if cfg.trainer.threads > 0:
             torch.set_num_threads(cfg.trainer.threads)
         checkpoint.seed_everything(cfg.trainer.seed)
@@ -64,8 +83,10 @@ class LearnerWorker:
                                                incarnation=self.lineage.incarnation,
                                                current_weights=self._current_weights,
                                                curve=cfg.pipeline.buffer.server_curve())
+        self.limits = SampleLimits.of_model(self.model, cfg.pipeline.buffer.max_sample_tokens)
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
-                                        cfg.pipeline.max_staleness, stop)
+                                        cfg.pipeline.max_staleness, stop, limits=self.limits)
+        self.failed_updates = 0
 
     def _current_weights(self):
         """What a rollout that just joined receives (runs on the sender's thread, under `exclusive()`)."""
@@ -84,11 +105,18 @@ class LearnerWorker:
         try:
             self._report_version()
             last = time.monotonic()
+            failed_in_a_row = 0
             while self.version < cfg.trainer.steps and not self.stop.is_set():
                 batch = self.collector.next_batch(self.version, self.lineage)
                 if batch is None:
                     break
-                scalars, hists = self._step(batch)
+                try:
+                    scalars, hists = self._step(batch)
+                except UpdateFailed as exc:
+                    failed_in_a_row += 1
+                    self._drop_failed(batch, exc, failed_in_a_row)
+                    continue
+                failed_in_a_row = 0
                 now = time.monotonic()
                 scalars.update(self._timing(batch, now - last))
                 last = now
@@ -97,6 +125,8 @@ class LearnerWorker:
                     log.info(agent_line(self.version, scalars, self.agents, [self.model_id]))
                 if cfg.trainer.checkpoint_interval and self.version % cfg.trainer.checkpoint_interval == 0:
                     self._save()
+            if self.version >= cfg.trainer.steps and not self.stop.is_set():
+                self._report_version(finished=True)
         finally:
             if self.version != self.saved_version:
                 self._save()
@@ -106,14 +136,27 @@ class LearnerWorker:
         return self.version
 
     def _step(self, batch: StepBatch) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-        """One update on `batch`, then the new weights out to the rollouts and the new version to the buffer."""
+        """One update on `batch`, then the new weights out to the rollouts and the new version to the buffer.
+
+        Raises `UpdateFailed` when computing the advantages or the update raised: weights, version and
+        running statistics are then as before the call."""
         m = self.model_id
-        samples, adv = group_advantages(batch.groups, self.cfg.algorithm, self.stats)
-        scalars = agent_scalars(samples, adv)
-        stale, hists = staleness_scalars(samples, self.version)
-        scalars.update(stale)
+        stats_before = self.stats.state_dict()
+        try:
+            samples, adv = group_advantages(batch.groups, self.cfg.algorithm, self.stats)
+            scalars = agent_scalars(samples, adv)
+            stale, hists = staleness_scalars(samples, self.version)
+            scalars.update(stale)
+        except Exception as exc:
+            self.stats.load_state_dict(stats_before)
+            raise UpdateFailed(f"advantages: {exc!r}") from exc
         with self.sender.exclusive():
-            scalars.update(self.trainer.update(samples, adv, version=self.version))
+            try:
+                scalars.update(self.trainer.update(samples, adv, version=self.version))
+            except Exception as exc:  # before optimizer.step: the weights are unchanged
+                self.trainer.optimizer.zero_grad(set_to_none=True)
+                self.stats.load_state_dict(stats_before)
+                raise UpdateFailed(f"update: {exc!r}") from exc
             self.version += 1
             report = self.sender.push(self.trainer.named_tensors(), self.version)
         self._report_version()
@@ -124,8 +167,19 @@ class LearnerWorker:
             f"weight_sync/{m}/dropped": float(len(report.receivers_dropped)),
             f"samples/{m}": float(len(samples)),
             **{f"dropped/{m}/{reason}": float(n) for reason, n in batch.dropped.items()},
+            f"failed_updates/{m}": float(self.failed_updates),
         })
         return scalars, hists
+
+    def _drop_failed(self, batch: StepBatch, exc: UpdateFailed, failed_in_a_row: int) -> None:
+        """Give up on a batch whose update failed: say why, report its groups dropped, go on (or stop)."""
+        self.failed_updates += 1
+        n_samples = len(batch.samples)
+        log.error("update from version %d failed on %d samples (%d in a row): %s; dropping the batch",
+                  self.version, n_samples, failed_in_a_row, exc, exc_info=exc.__cause__)
+        report_drops(self.consumer, batch.groups, DROP_UPDATE_FAILED)
+        if failed_in_a_row >= MAX_FAILED_UPDATES:
+            raise RuntimeError(f"{failed_in_a_row} updates in a row failed; the last: {exc}") from exc
 
     def _timing(self, batch: StepBatch, elapsed: float) -> dict[str, float]:
         elapsed = max(elapsed, 1e-9)
@@ -135,11 +189,11 @@ class LearnerWorker:
             f"time/{self.model_id}/step_seconds": elapsed,
         }
 
-    def _report_version(self) -> None:
+    def _report_version(self, finished: bool = False) -> None:
         """Tell the buffer our version (admission and its stale-drop rule follow it); waits for the buffer."""
         while True:
             try:
-                self.consumer.report_version(self.model_id, self.version)
+                self.consumer.report_version(self.model_id, self.version, self.lineage.incarnation, finished)
                 return
             except TimeoutError as exc:
                 log.warning("%s; retrying", exc)

@@ -87,7 +87,9 @@ class RolloutWorker:
                                           curve=cfg.pipeline.buffer.client_curve())
             for m in assembly.trained_models(cfg)
         }
-        self.producer = BufferProducer.from_config(cfg.pipeline.buffer, self.name)
+        # the buffer keys leases and unfinished groups by producer: a restarted rollout of the same index must
+        # not inherit (and keep alive with its heartbeats) what its dead predecessor held
+        self.producer = BufferProducer.from_config(cfg.pipeline.buffer, f"{self.name}-{self.incarnation}")
         self.runner = EpisodeRunner(assembly.build_orchestra(cfg, task), self.engines, assembly.agent_specs(cfg),
                                     cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds)
         self.group_size = cfg.rollout.group_size
