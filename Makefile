@@ -3,6 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
+ARGS ?=
 
 .PHONY: install run smoke test bench-engine clean
 
@@ -19,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 run: install
-	$(VENV)/bin/drmas run --config $(CONFIG)
+	$(VENV)/bin/drmas run --config $(CONFIG) $(ARGS)
 
 smoke: install
 	$(VENV)/bin/drmas run --config configs/smoke.yaml

@@ -2,11 +2,17 @@
 (transformers and vLLM load it as is); the trainer state (optimizer, running statistics, sampler position,
 RNG states) lives beside it in `step_<N>/trainer_state/`. A `COMPLETE` marker is written last, so a run
 killed mid-save resumes from the previous complete checkpoint instead of a torn one.
+
+Last means durable, not just written: after a power loss or a kernel crash the page cache is gone, and a
+marker that reached the disk before the files it vouches for would point at empty or truncated weights.
+Every file and directory of the checkpoint is fsync'ed before the marker is written, and the marker with
+its directory after.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -55,8 +61,35 @@ def save_checkpoint(
         torch.save(state, target / "trainer_state" / f"{model_id}.pt")
     (target / "trainer_state" / "run_state.json").write_text(json.dumps(run_state, indent=1))
     torch.save(rng_state(), target / "trainer_state" / "rng.pt")
-    (target / "COMPLETE").write_text(str(step))
+    sync_tree(target)
+    marker = target / "COMPLETE"
+    with open(marker, "w") as f:
+        f.write(str(step))
+        f.flush()
+        os.fsync(f.fileno())
+    _sync_dir(target)
+    _sync_dir(target.parent)  # the step directory's own entry in checkpoints/
     return target
+
+
+def sync_tree(root: Path) -> None:
+    """fsync every file under `root`, then every directory (deepest first), so names and contents are on disk."""
+    directories = []
+    for dirpath, _, filenames in os.walk(root):
+        directories.append(Path(dirpath))
+        for name in filenames:
+            with open(Path(dirpath) / name, "rb") as f:
+                os.fsync(f.fileno())
+    for directory in reversed(directories):
+        _sync_dir(directory)
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def load_model_weights(ckpt: Path, model_id: str, model: torch.nn.Module) -> None:

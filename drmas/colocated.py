@@ -26,6 +26,7 @@ from drmas.learner.scalars import agent_scalars
 from drmas.metrics import MetricsWriter, agent_line, spike_summary
 from drmas.protocol import Sample
 from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
+from drmas.run_dir import claim_output_dir
 from drmas.tasks.sampler import ProblemSampler
 
 
@@ -33,8 +34,7 @@ class ColocatedRun:
     def __init__(self, cfg: DrmasConfig, log=print) -> None:
         self.cfg = cfg
         self.log = log
-        self.out = Path(cfg.trainer.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.out = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
         if cfg.trainer.threads > 0:
             torch.set_num_threads(cfg.trainer.threads)
         checkpoint.seed_everything(cfg.trainer.seed)

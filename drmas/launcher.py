@@ -2,17 +2,23 @@
 
 The launcher adds nothing the processes cannot do when started by hand; it only
 
-* builds every model once up front (children would otherwise all build the same cached model at once),
+* claims the output directory (refusing one that holds another run unless resuming or overwriting, see
+  `drmas.run_dir`) and builds every model once up front (children would otherwise all build the same
+  cached model at once); a model or directory it cannot use ends the run here, with a message, before any
+  process starts,
 * scores the held-out problems with the initial models before starting anything and with the learners'
   final checkpoints after they finish (`eval.n_problems`; see `drmas.evaluation.async_heldout`),
 * replaces every port 0 by a free port and writes the resulting config to `<output_dir>/config.yaml`,
   which every child then loads, so all of them agree on the endpoints,
 * starts `drmas-buffer`, one `drmas-learner` per trained model and `pipeline.num_rollouts` rollouts, each in
   a session of its own (a Ctrl-C reaches the launcher only, which then stops them in order),
-* merges their output line by line behind a `[name]` prefix,
-* ends the run when every learner has finished, when any child dies, or on SIGINT/SIGTERM: rollouts are
-  stopped first (nothing new is generated), then learners (they write their checkpoint), the buffer last
-  (its final counters are logged). A child that ignores SIGTERM for `STOP_GRACE_S` is killed.
+* merges their output line by line behind a `[name]` prefix (each process also logs to its own directory),
+* restarts a process that dies (`drmas.restarts`: bounded, with backoff; a learner with `trainer.resume=true`,
+  so it continues from its last checkpoint), and ends the run when every learner has finished, when a
+  process cannot be recovered (it refused its input, or used up its restarts; the launcher says which), or
+  on SIGINT/SIGTERM: rollouts are stopped first (nothing new is generated), then learners (they write their
+  checkpoint), the buffer last (its final counters are logged). A child that ignores SIGTERM for
+  `STOP_GRACE_S` is killed.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlsplit
@@ -35,17 +41,24 @@ from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.endpoints import learner_address
 from drmas.process import StopFlag
+from drmas.restarts import RestartBook
+from drmas.run_dir import claim_output_dir
 
 STOP_GRACE_S = 60.0
 _STOP_ORDER = ("rollout", "learner", "buffer")
+_RESUME = "trainer.resume=true"
 
 
 @dataclass
 class _Child:
     name: str
     role: str  # buffer, learner or rollout
-    proc: subprocess.Popen
-    pump: threading.Thread
+    module: str
+    args: list[str]
+    proc: subprocess.Popen | None = None
+    pumps: list[threading.Thread] = field(default_factory=list)  # one per start, joined at the end
+    restart_at: float | None = None  # set while it waits to be restarted
+    finished: bool = False  # a learner that reached its last step
 
 
 def assign_ports(cfg: DrmasConfig) -> DrmasConfig:
@@ -76,17 +89,18 @@ class Launcher:
         self.out = out
         self.python = python
         self.children: list[_Child] = []
+        self.restarts = RestartBook(cfg.pipeline.restarts)
         self._print_lock = threading.Lock()
 
     def run(self) -> int:
-        """0 when every learner finished its steps; 1 when a child failed; 130 when interrupted."""
+        """0 when every learner finished its steps; 1 when a process could not be recovered; 2 when the run
+        could not start (output directory, models); 130 when interrupted."""
         stop = StopFlag()
-        run_dir = Path(self.cfg.trainer.output_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config_file = run_dir / "config.yaml"
-        config_file.write_text(to_yaml(self.cfg))
-        for model_id in self.cfg.models:
-            assembly.model_path(self.cfg, model_id)  # build once, here, before the children need it
+        try:
+            run_dir, config_file = self._prepare()
+        except (FileNotFoundError, ValueError, ImportError) as exc:
+            print(f"drmas: {exc}", file=sys.stderr)
+            return 2
         accuracy = {}
         if not self.cfg.trainer.resume:
             accuracy["before"] = self._heldout("before")
@@ -107,6 +121,17 @@ class Launcher:
             self._report_accuracy(run_dir, accuracy)
         self._say("launcher", self._outcome(code, run_dir))
         return code
+
+    def _prepare(self) -> tuple[Path, Path]:
+        """Claim the output directory, write the children's config and build every model; raises (with a
+        message naming the key or path) what would make the children fail."""
+        cfg = self.cfg
+        run_dir = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
+        for model_id in cfg.models:
+            assembly.model_path(cfg, model_id)  # build once, here, before the children need it
+        config_file = run_dir / "config.yaml"
+        config_file.write_text(to_yaml(cfg))
+        return run_dir, config_file
 
     def _heldout(self, tag: str, model_dirs=None) -> float | None:
         """Held-out accuracy of the initial models ("before") or the final checkpoints ("after")."""
@@ -135,15 +160,33 @@ class Launcher:
             self._say("launcher", f"held-out accuracy: {accuracy['before']:.3f} -> {accuracy['after']:.3f}")
 
     def _watch(self, stop: StopFlag) -> int:
+        """Supervise the children until every learner has finished (0), one cannot be recovered (1) or a
+        signal arrives (130)."""
         learners = [c for c in self.children if c.role == "learner"]
         while not stop.wait(0.2):
+            now = time.monotonic()
             for child in self.children:
-                rc = child.proc.poll()
-                if rc is None or (child.role == "learner" and rc == 0):
+                if child.finished:
                     continue
-                self._say("launcher", f"{child.name} exited with code {rc}: stopping the run")
-                return 1
-            if all(c.proc.poll() == 0 for c in learners):
+                if child.restart_at is not None:
+                    if now >= child.restart_at:
+                        self._restart(child)
+                    continue
+                rc = child.proc.poll()
+                if rc is None:
+                    continue
+                if child.role == "learner" and rc == 0:
+                    child.finished = True
+                    continue
+                decision = self.restarts.after_exit(child.name, rc)
+                if not decision.restart:
+                    self._say("launcher", f"{decision.why}: stopping the run")
+                    return 1
+                limit = self.cfg.pipeline.restarts.max_restarts
+                self._say("launcher", f"{child.name} exited with code {rc}: restarting it in "
+                                      f"{decision.delay_s:g} s (restart {decision.attempt} of {limit})")
+                child.restart_at = now + decision.delay_s
+            if all(c.finished for c in learners):
                 return 0
         self._say("launcher", f"{stop.signal_name or 'stop'} received: stopping every process")
         return 130
@@ -155,14 +198,27 @@ class Launcher:
 
     # ---- children ----------------------------------------------------------------------------------
     def _start(self, name: str, role: str, module: str, args: list[str]) -> None:
-        proc = subprocess.Popen(
-            [self.python, "-u", "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        child = _Child(name, role, module, list(args))
+        self.children.append(child)
+        self._spawn(child)
+
+    def _restart(self, child: _Child) -> None:
+        """Start a dead child again; a learner continues from its last checkpoint (and its version)."""
+        child.restart_at = None
+        if child.role == "learner" and _RESUME not in child.args:
+            child.args.append(_RESUME)
+        self._spawn(child)
+
+    def _spawn(self, child: _Child) -> None:
+        child.proc = subprocess.Popen(
+            [self.python, "-u", "-m", child.module, *child.args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
-        pump = threading.Thread(target=self._pump, args=(name, proc), name=f"drmas-log-{name}", daemon=True)
+        pump = threading.Thread(target=self._pump, args=(child.name, child.proc), name=f"drmas-log-{child.name}",
+                                daemon=True)
         pump.start()
-        self.children.append(_Child(name, role, proc, pump))
-        self._say("launcher", f"started {name} (pid {proc.pid})")
+        child.pumps.append(pump)
+        self._say("launcher", f"started {child.name} (pid {child.proc.pid})")
 
     def _pump(self, name: str, proc: subprocess.Popen) -> None:
         """Copy a child's output to ours, each line behind its name (tqdm's \\r updates become lines)."""
@@ -179,7 +235,7 @@ class Launcher:
 
     def _stop_all(self) -> None:
         for role in _STOP_ORDER:
-            group = [c for c in self.children if c.role == role and c.proc.poll() is None]
+            group = [c for c in self.children if c.role == role and c.proc is not None and c.proc.poll() is None]
             for child in group:
                 _signal_group(child.proc, signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
@@ -191,7 +247,8 @@ class Launcher:
                     _signal_group(child.proc, signal.SIGKILL)
                     child.proc.wait()
         for child in self.children:
-            child.pump.join(timeout=5)
+            for pump in child.pumps:
+                pump.join(timeout=5)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from drmas.config import ConfigError, load_config
 from drmas.config.schema import DrmasConfig
@@ -65,7 +66,33 @@ def load_or_exit(prog: str, path: str | None, overrides: list[str]) -> DrmasConf
         raise SystemExit(2) from None
 
 
+LOG_FILE = "process.log"
+
+
 def setup_logging(name: str) -> None:
     """One line per record, prefixed with the process name, so merged logs of many processes stay readable."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr, force=True)
+
+
+def add_log_file(directory: Path) -> Path:
+    """Also write this process's log records, and the traceback of an exception that ends it, to
+    `<directory>/process.log`: a process started by hand (or on another machine) has no launcher console,
+    and a launcher's merged console is gone when it closes. Call it once the directory is claimed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOG_FILE
+    handler = logging.FileHandler(path, encoding="utf-8")
+    root = logging.getLogger()
+    if root.handlers:
+        handler.setFormatter(root.handlers[0].formatter)
+    root.addHandler(handler)
+    previous = sys.excepthook
+
+    def log_uncaught(exc_type, exc, tb) -> None:
+        if not issubclass(exc_type, KeyboardInterrupt):
+            handler.handle(logging.LogRecord("drmas", logging.CRITICAL, "", 0, "process ended by an uncaught "
+                                             "exception", None, (exc_type, exc, tb)))
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = log_uncaught
+    return path

@@ -83,30 +83,88 @@ def test_launcher_runs_the_pipeline_to_the_end_with_merged_logs(tmp_path, smoke_
     assert 0 <= scored["eval/accuracy_before"] <= 1 and 0 <= scored["eval/accuracy_after"] <= 1
 
 
-def test_launcher_stops_everything_when_a_child_dies(tmp_path, smoke_model):
-    out = tmp_path / "run"
-    log = tmp_path / "launcher.log"
-    with open(log, "w") as sink:
-        launcher = subprocess.Popen(_drmas_run(out, "trainer.steps=1000"), cwd=ROOT, stdout=sink,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not _logged_steps(out / "learner-policy" / "metrics.jsonl"):  # training is under way
-            assert time.monotonic() < deadline and launcher.poll() is None, log.read_text()[-3000:]
+class _Background:
+    """`drmas run` in the background, its output in a file; killed with its children whatever happens."""
+
+    def __init__(self, tmp_path: Path, command: list[str]) -> None:
+        self.log = tmp_path / "launcher.log"
+        with open(self.log, "w") as sink:
+            self.proc = subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, condition, what: str, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"{what} not reached\n{self.output()[-3000:]}"
+            assert self.proc.poll() is None, f"the launcher ended before {what}\n{self.output()[-3000:]}"
             time.sleep(0.2)
-        os.kill(_pids(log.read_text())["rollout-0"], signal.SIGKILL)
-        assert launcher.wait(60) == 1, log.read_text()[-3000:]
+
+    def kill_child(self, name: str) -> int:
+        pid = _pids(self.output())[name]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for pid in re.findall(r"\[launcher\] started \S+ \(pid (\d+)\)", self.output()):
+            if not _gone(int(pid)):  # children live in sessions of their own
+                os.killpg(int(pid), signal.SIGKILL)
+
+
+def test_launcher_restarts_a_dead_rollout_and_a_dead_learner_and_the_run_finishes(tmp_path, smoke_model):
+    """kill -9 of a rollout, then of the learner: each is restarted (the learner from its checkpoint) and the
+    run ends normally; before, the first death stopped every process."""
+    out = tmp_path / "run"
+    metrics = out / "learner-policy" / "metrics.jsonl"
+    run = _Background(tmp_path, _drmas_run(out, "trainer.steps=5", "trainer.checkpoint_interval=1",
+                                           "eval.n_problems=0", "pipeline.restarts.backoff_s=0.5",
+                                           "pipeline.buffer.producer_timeout_s=3"))
+    try:
+        run.wait_for(lambda: _logged_steps(metrics) >= 1, "learner step 1")
+        first_rollout = run.kill_child("rollout-0")
+        run.wait_for(lambda: _logged_steps(metrics) >= 3, "learner step 3 after the rollout restart")
+        run.kill_child("learner-policy")
+        assert run.proc.wait(180) == 0, run.output()[-3000:]
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
-            for pid in _pids(log.read_text()).values():  # its children live in sessions of their own
-                if not _gone(pid):
-                    os.killpg(pid, signal.SIGKILL)
-    output = log.read_text()
-    assert "rollout-0 exited with code -9: stopping the run" in output
+        run.cleanup()
+    output = run.output()
+    assert "rollout-0 exited with code -9: restarting it in 0.5 s (restart 1 of 3)" in output
+    assert "learner-policy exited with code -9: restarting it in 0.5 s (restart 1 of 3)" in output
+    assert _pids(output)["rollout-0"] != first_rollout and all(_gone(pid) for pid in _pids(output).values())
+    assert re.search(r"\[learner-policy\] .*resumed from \S+ at version [23]", output), output[-3000:]
+    steps = [r["step"] for r in read_metrics(metrics)]
+    assert steps[-1] == 5 and set(steps) == {1, 2, 3, 4, 5}
+    for name in ("buffer", "learner-policy", "rollout-0"):  # every process also logged to its own directory
+        assert "INFO" in (out / name / "process.log").read_text()
+
+
+def test_launcher_stops_everything_when_a_child_cannot_be_restarted(tmp_path, smoke_model):
+    out = tmp_path / "run"
+    run = _Background(tmp_path, _drmas_run(out, "trainer.steps=1000", "pipeline.restarts.max_restarts=0"))
+    try:
+        run.wait_for(lambda: _logged_steps(out / "learner-policy" / "metrics.jsonl") > 0, "training under way")
+        run.kill_child("rollout-0")
+        assert run.proc.wait(60) == 1, run.output()[-3000:]
+    finally:
+        run.cleanup()
+    output = run.output()
+    assert ("rollout-0 exited with code -9 after 0 restarts (pipeline.restarts.max_restarts=0): stopping the run"
+            in output)
     assert all(_gone(pid) for pid in _pids(output).values()), output[-3000:]
     assert (out / "learner-policy" / "checkpoints").is_dir()  # the learner was stopped cleanly and saved
+
+
+def test_launcher_refuses_a_missing_model_before_starting_anything(tmp_path):
+    out = tmp_path / "run"
+    done = subprocess.run(_drmas_run(out, f"models.policy.path={tmp_path / 'nowhere'}"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "models.policy.path" in done.stderr and "nowhere" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout and "started" not in done.stdout
 
 
 def test_smoke_async_config_trains_two_models_with_two_rollouts(tmp_path):

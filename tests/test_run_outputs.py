@@ -1,0 +1,99 @@
+"""What a run leaves on disk: durable checkpoints, output directories that are never mixed up, process logs,
+and the restart policy that decides when a dead pipeline process comes back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from drmas import checkpoint
+from drmas.restarts import EXIT_USAGE, RestartBook, RestartConfig
+from drmas.run_dir import OutputDirError, claim_output_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_checkpoint_is_durable_before_its_complete_marker(tmp_path, tiny_model, monkeypatch):
+    """Every file and directory of a checkpoint reaches the disk (fsync) before COMPLETE is written, and
+    COMPLETE itself after; a marker written first could vouch for weights a power loss never saved."""
+    synced: list[Path] = []
+    real_fsync = os.fsync
+    target = checkpoint.checkpoint_dir(tmp_path, 3)
+
+    def spying_fsync(fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if target / "COMPLETE" not in synced and path != target / "COMPLETE":
+            assert not (target / "COMPLETE").exists(), f"COMPLETE written before {path} was synced"
+        synced.append(path)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spying_fsync)
+    model, tokenizer = tiny_model
+    path = checkpoint.save_checkpoint(tmp_path, 3, {"policy": (model, tokenizer)}, {"policy": {"x": 1}},
+                                      {"step": 3})
+    assert path == target and checkpoint.latest_checkpoint(tmp_path) == target
+    written = {p for p in target.rglob("*")} | {target}
+    assert written <= set(synced), sorted(written - set(synced))
+    marker = synced.index(target / "COMPLETE")
+    assert set(synced[:marker]) == written - {target / "COMPLETE"}  # everything else first, each once
+    assert len(synced[:marker]) == len(written) - 1
+    assert synced[marker + 1:] == [target, target.parent]  # then the marker's directory entries
+
+
+def test_an_output_dir_holding_a_run_is_refused_unless_resuming_or_overwriting(tmp_path):
+    run = tmp_path / "run"
+    assert claim_output_dir(run, resume=False, overwrite=False) == run and run.is_dir()  # new: created
+    assert claim_output_dir(run, resume=False, overwrite=False) == run  # empty: fine
+    (run / "config.yaml").write_text("x: 1\n")
+    (run / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(OutputDirError, match=r"trainer.output_dir=.*already holds a run \(config.yaml, "
+                                             r"metrics.jsonl\).*trainer.resume=true.*trainer.overwrite=true"):
+        claim_output_dir(run, resume=False, overwrite=False)
+    claim_output_dir(run, resume=True, overwrite=False)
+    assert (run / "metrics.jsonl").exists()  # resuming keeps everything
+    claim_output_dir(run, resume=False, overwrite=True)
+    assert run.is_dir() and not any(run.iterdir())  # overwriting starts from an empty directory
+
+    home_like = tmp_path / "home"
+    home_like.mkdir()
+    (home_like / "thesis.tex").write_text("precious")
+    with pytest.raises(OutputDirError, match="does not look like a drmas run"):
+        claim_output_dir(home_like, resume=False, overwrite=True)
+    assert (home_like / "thesis.tex").read_text() == "precious"
+    with pytest.raises(OutputDirError, match="is a file"):
+        claim_output_dir(home_like / "thesis.tex", resume=False, overwrite=False)
+
+
+def test_a_second_run_into_the_same_directory_is_refused_with_a_message(tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke.yaml"),
+               f"trainer.output_dir={out}", "trainer.steps=1", "eval.n_problems=0", "logging.tensorboard=false",
+               "trainer.threads=1"]
+    first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    metrics = (out / "metrics.jsonl").read_text()
+    second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 2 and "already holds a run" in second.stderr and "Traceback" not in second.stderr
+    assert (out / "metrics.jsonl").read_text() == metrics  # untouched
+    third = subprocess.run([*command, "trainer.overwrite=true"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1  # one run's step, not two
+
+
+def test_restart_policy_backs_off_gives_up_and_never_retries_a_refused_input():
+    book = RestartBook(RestartConfig(max_restarts=3, backoff_s=2.0, max_backoff_s=5.0))
+    decisions = [book.after_exit("rollout-0", -9) for _ in range(4)]
+    assert [(d.restart, d.delay_s, d.attempt) for d in decisions[:3]] == [(True, 2.0, 1), (True, 4.0, 2),
+                                                                          (True, 5.0, 3)]
+    assert not decisions[3].restart and "after 3 restarts" in decisions[3].why
+    assert book.after_exit("rollout-1", 1).restart  # counted per process
+    refused = book.after_exit("learner-policy", EXIT_USAGE)
+    assert not refused.restart and "refused its input" in refused.why
+    assert not RestartBook(RestartConfig(max_restarts=0)).after_exit("buffer", -9).restart
+    with pytest.raises(ValueError, match="pipeline.restarts.max_restarts"):
+        RestartBook(RestartConfig(max_restarts=-1))
