@@ -19,7 +19,8 @@ from drmas.config import load_config
 
 def run_mode(config: str, mode: str, overrides: list[str], out_root: Path) -> dict:
     cfg = load_config(config, [*overrides, f"algorithm.normalization={mode}",
-                               f"trainer.output_dir={out_root / mode}", "logging.progress_bar=false"])
+                               f"trainer.output_dir={out_root / mode}", "logging.progress_bar=false",
+                               "trainer.overwrite=true"])
     return ColocatedRun(cfg, log=lambda *_: None).run()
 
 

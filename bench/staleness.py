@@ -27,7 +27,8 @@ from drmas.metrics import read_metrics
 def run(config: str, staleness: int, steps: int, overrides: list[str], out: Path) -> dict:
     args = [sys.executable, "-m", "drmas.cli", "run", "--config", config, "pipeline.mode=async",
             f"pipeline.max_staleness={staleness}", f"trainer.steps={steps}", f"trainer.output_dir={out}",
-            "eval.n_problems=0", "logging.tensorboard=false", "logging.console_every=0", *overrides]
+            "eval.n_problems=0", "logging.tensorboard=false", "logging.console_every=0", "trainer.overwrite=true",
+            *overrides]
     start = time.monotonic()
     proc = subprocess.run(args, capture_output=True, text=True)
     wall = time.monotonic() - start
