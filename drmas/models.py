@@ -92,7 +92,7 @@ def smollm2_tokenizer_dir() -> Path:
     return target
 
 
-def _load_tokenizer(path: Path):
+def load_tokenizer(path: Path):
     """Load a tokenizer from a local dir and make sure it can pad."""
     from transformers import AutoTokenizer
 
@@ -132,7 +132,7 @@ def _save_smollm2(out: Path) -> None:
     if config.tie_word_embeddings:
         model.tie_weights()
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    tokenizer = _load_tokenizer(smollm2_tokenizer_dir())
+    tokenizer = load_tokenizer(smollm2_tokenizer_dir())
     model.generation_config = generation_config
     _align_generation_config(model, tokenizer)
     model.save_pretrained(out)
@@ -221,7 +221,7 @@ def _save_tiny(cfg: TinyModelConfig, out: Path) -> None:
     """Initialise a tiny Qwen2 deterministically from cfg.seed and save it with the SmolLM2 tokenizer."""
     from transformers import Qwen2ForCausalLM
 
-    tokenizer = _load_tokenizer(smollm2_tokenizer_dir())
+    tokenizer = load_tokenizer(smollm2_tokenizer_dir())
     config = _tiny_qwen2_config(cfg, tokenizer)
     with torch.random.fork_rng(devices=[]):  # do not disturb the caller's RNG stream
         torch.manual_seed(cfg.seed)
@@ -298,7 +298,7 @@ def load_model(path: str | Path, dtype: str = "float32", key: str = "model path"
         raise ValueError(f"{key}: the weights in {str(path)!r} cannot be loaded: {exc}") from None
     model.eval()
     try:
-        tokenizer = _load_tokenizer(path)
+        tokenizer = load_tokenizer(path)
     except Exception as exc:  # noqa: BLE001 - the tokenizers library raises a bare Exception for a corrupt file
         raise ValueError(f"{key}: the tokenizer in {str(path)!r} cannot be loaded: {exc}") from None
     return model, tokenizer

@@ -137,3 +137,15 @@ def test_own_model_config_runs_on_a_model_given_by_path(tiny_model_dir):
     cfg = load_config(own, [f"models.policy.path={tiny_model_dir}"])
     assert cfg.pipeline.mode == "async"
     assert assembly.model_path(cfg, "policy") == tiny_model_dir
+
+
+def test_training_on_vllm_with_top_p_below_one_is_refused_naming_the_key():
+    smoke = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
+    with pytest.raises(ConfigError, match=r"rollout.top_p: 0.9 with rollout.engine=vllm: .*solver, verifier"):
+        load_config(smoke, ["rollout.engine=vllm", "rollout.top_p=0.9"])
+    with pytest.raises(ConfigError, match=r"agents.verifier.top_p: 0.5 with rollout.engine=vllm: .*verifier would"):
+        load_config(smoke, ["rollout.engine=vllm", "agents.verifier.top_p=0.5"])
+    load_config(smoke, ["rollout.engine=vllm", "agents.verifier.top_p=0.5", "agents.verifier.trainable=false"])
+    load_config(smoke, ["rollout.top_p=0.9"])  # the embedded engine reports the full distribution's log-probs
+    with pytest.raises(ConfigError, match=r"rollout.engine_args: \['gpu_memory_utilization'\] are vLLM arguments"):
+        load_config(smoke, ["rollout.engine_args={gpu_memory_utilization: 0.5}"])

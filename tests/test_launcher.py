@@ -64,25 +64,6 @@ def test_assign_ports_fills_only_port_zero():
     assert assigned.pipeline.learner_ports["policy"] > 0 and cfg.pipeline.learner_ports == {}
 
 
-def test_launcher_runs_the_pipeline_to_the_end_with_merged_logs(tmp_path, smoke_model):
-    out = tmp_path / "run"
-    done = subprocess.run(_drmas_run(out, "trainer.steps=2", "pipeline.num_rollouts=2"), cwd=ROOT,
-                          capture_output=True, text=True, timeout=90)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert set(_pids(done.stdout)) == {"buffer", "learner-policy", "rollout-0", "rollout-1"}
-    assert all(_gone(pid) for pid in _pids(done.stdout).values())
-    for name in ("buffer", "learner-policy", "rollout-0", "rollout-1"):
-        assert f"[{name}] " in done.stdout
-    assert [r["step"] for r in read_metrics(out / "learner-policy" / "metrics.jsonl")] == [1, 2]
-    assert (out / "config.yaml").read_text().count(":0\n") == 0  # children got real ports
-    for index in (0, 1):
-        assert read_metrics(out / f"rollout-{index}" / "metrics.jsonl")
-    # held-out accuracy of the initial models and of the learner's final checkpoint, as in colocated runs
-    assert "held-out accuracy before training" in done.stdout and "held-out accuracy after training" in done.stdout
-    (scored,) = read_metrics(out / "eval" / "metrics.jsonl")
-    assert 0 <= scored["eval/accuracy_before"] <= 1 and 0 <= scored["eval/accuracy_after"] <= 1
-
-
 class _Background:
     """`drmas run` in the background, its output in a file; killed with its children whatever happens."""
 
@@ -116,13 +97,14 @@ class _Background:
                 os.killpg(int(pid), signal.SIGKILL)
 
 
-def test_launcher_restarts_a_dead_rollout_and_a_dead_learner_and_the_run_finishes(tmp_path, smoke_model):
-    """kill -9 of a rollout, then of the learner: each is restarted (the learner from its checkpoint) and the
-    run ends normally; before, the first death stopped every process."""
+def test_launcher_runs_the_pipeline_through_a_dead_rollout_and_a_dead_learner(tmp_path, smoke_model):
+    """Buffer, learner and two rollouts with merged logs and held-out accuracy before and after. kill -9 of a
+    rollout, then of the learner: each is restarted (the learner from its checkpoint) and the run ends
+    normally; before, the first death stopped every process."""
     out = tmp_path / "run"
     metrics = out / "learner-policy" / "metrics.jsonl"
     run = _Background(tmp_path, _drmas_run(out, "trainer.steps=5", "trainer.checkpoint_interval=1",
-                                           "eval.n_problems=0", "pipeline.restarts.backoff_s=0.5",
+                                           "pipeline.num_rollouts=2", "pipeline.restarts.backoff_s=0.5",
                                            "pipeline.buffer.producer_timeout_s=3"))
     try:
         run.wait_for(lambda: _logged_steps(metrics) >= 1, "learner step 1")
@@ -139,8 +121,15 @@ def test_launcher_restarts_a_dead_rollout_and_a_dead_learner_and_the_run_finishe
     assert re.search(r"\[learner-policy\] .*resumed from \S+ at version [23]", output), output[-3000:]
     steps = [r["step"] for r in read_metrics(metrics)]
     assert steps[-1] == 5 and set(steps) == {1, 2, 3, 4, 5}
-    for name in ("buffer", "learner-policy", "rollout-0"):  # every process also logged to its own directory
-        assert "INFO" in (out / name / "process.log").read_text()
+    assert set(_pids(output)) == {"buffer", "learner-policy", "rollout-0", "rollout-1"}
+    for name in ("buffer", "learner-policy", "rollout-0", "rollout-1"):  # merged, and each in its own log file
+        assert f"[{name}] " in output and "INFO" in (out / name / "process.log").read_text()
+        assert name == "learner-policy" or read_metrics(out / name / "metrics.jsonl")
+    assert (out / "config.yaml").read_text().count(":0\n") == 0  # children got real ports
+    # held-out accuracy of the initial models and of the learner's final checkpoint, as in colocated runs
+    assert "held-out accuracy before training" in output and "held-out accuracy after training" in output
+    (scored,) = read_metrics(out / "eval" / "metrics.jsonl")
+    assert 0 <= scored["eval/accuracy_before"] <= 1 and 0 <= scored["eval/accuracy_after"] <= 1
 
 
 def test_launcher_stops_everything_when_a_child_cannot_be_restarted(tmp_path, smoke_model):

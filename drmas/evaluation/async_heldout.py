@@ -33,22 +33,21 @@ def final_checkpoint_dirs(cfg: DrmasConfig) -> dict[str, Path]:
 def heldout_of_models(cfg: DrmasConfig, tag: str, model_dirs: Optional[dict[str, Path]] = None) -> dict[str, float]:
     """Accuracy and per-agent validity on the held-out problems, with `model_dirs` replacing the configured
     weights of those models (None: every model as configured, i.e. before training)."""
-    from drmas.engines import ENGINES
-
     task = assembly.build_task(cfg)
     problems = list(task.split("test"))[: cfg.eval.n_problems]
     if not problems:
         return {}
     paths = {m: assembly.model_path(cfg, m) for m in cfg.models}
     paths.update(model_dirs or {})
-    factory = ENGINES.get(cfg.rollout.engine)
-    engines = {m: factory(m, path, cfg.models[m].dtype, cfg.rollout.max_batch_size, cfg.trainer.seed)
-               for m, path in paths.items()}
+    engines = {m: assembly.build_engine(cfg, m, path, cfg.trainer.seed) for m, path in paths.items()}
     runner = EpisodeRunner(assembly.build_orchestra(cfg, task), engines,
                            assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
                            cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed)
     try:
         return heldout_accuracy(runner, problems, tag)
     finally:
+        for engine in engines.values():
+            if hasattr(engine, "close"):  # a vLLM engine holds its KV cache until shut down
+                engine.close()
         del runner, engines
         gc.collect()  # the children about to start need this memory more than the launcher

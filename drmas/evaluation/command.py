@@ -76,13 +76,8 @@ def prepare(cfg: DrmasConfig, checkpoint: Optional[Path], version: Optional[int]
     task = assembly.build_task(cfg)
     benchmarks = load_benchmarks(cfg, task)
     orchestra = assembly.build_orchestra(cfg, task)
-    from drmas.engines import ENGINES
-
-    factory = ENGINES.get(cfg.rollout.engine)
-    engines = {
-        model_id: factory(model_id, path, cfg.models[model_id].dtype, cfg.rollout.max_batch_size, cfg.trainer.seed)
-        for model_id, path in model_dirs.items()
-    }
+    engines = {model_id: assembly.build_engine(cfg, model_id, path, cfg.trainer.seed)
+               for model_id, path in model_dirs.items()}
     runner = EpisodeRunner(orchestra, engines, eval_agent_specs(cfg), cfg.algorithm.invalid_penalty,
                            seed=cfg.trainer.seed)
     settings = resume.sample_settings(cfg, checkpoint, model_dirs, sources)

