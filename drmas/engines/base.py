@@ -36,6 +36,17 @@ class Generation:
     incarnation: str = ""  # the learner process that published that version ('' = the initial weights)
 
 
+def check_request(prompt: list[int], params: SamplingParams, max_positions: int | None, limit_name: str) -> None:
+    """Refuse a request no engine can honour, with a message that says why (every engine checks the same)."""
+    if len(prompt) == 0:
+        raise ValueError("empty prompt: at least one token is needed")
+    if params.max_new_tokens < 0 or params.temperature < 0 or not 0 < params.top_p <= 1:
+        raise ValueError(f"invalid sampling params {params}")
+    if max_positions and len(prompt) + params.max_new_tokens > max_positions:
+        raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
+                         f"{limit_name} {max_positions}")
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A text generator for one model whose weights can be replaced in place."""

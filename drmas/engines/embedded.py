@@ -22,7 +22,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from drmas.engines import ENGINES
-from drmas.engines.base import Generation, SamplingParams
+from drmas.engines.base import Generation, SamplingParams, check_request
 from drmas.engines.logprobs import left_pad
 
 # Drop finished rows once at least this fraction of the batch has finished (and at least one row):
@@ -257,7 +257,7 @@ class EmbeddedEngine:
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         for prompt, p in zip(prompts, params):
-            self._check_request(prompt, p)
+            check_request(prompt, p, self._max_positions, "model's positions")
         results: list[Generation | None] = [None] * len(prompts)
         with self._lock, torch.inference_mode():
             todo = [i for i, p in enumerate(params) if p.max_new_tokens > 0]
@@ -268,18 +268,6 @@ class EmbeddedEngine:
                 for i, out in zip(chunk, outs):
                     results[i] = out
         return results  # type: ignore[return-value]
-
-    def _check_request(self, prompt: Sequence[int], p: SamplingParams) -> None:
-        """Reject requests the decode loop cannot honour, with a message that says why."""
-        if len(prompt) == 0:
-            raise ValueError("empty prompt: at least one token is needed")
-        if p.max_new_tokens < 0 or p.temperature < 0 or not 0 < p.top_p <= 1:
-            raise ValueError(f"invalid sampling params {p}")
-        if self._max_positions and len(prompt) + p.max_new_tokens > self._max_positions:
-            raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds the model's "
-                f"{self._max_positions} positions"
-            )
 
     def _chunks(self, prompts: list[list[int]], todo: list[int]) -> list[list[int]]:
         """The ``todo`` request indices sorted by prompt length and cut into batches of at most max_batch_size."""

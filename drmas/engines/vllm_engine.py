@@ -37,7 +37,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from drmas.engines.base import Generation, SamplingParams
+from drmas.engines.base import Generation, SamplingParams, check_request
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class VLLMEngine:
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         for prompt, p in zip(prompts, params):
-            self._check_request(prompt, p)
+            check_request(prompt, p, self._max_len, "engine's max_model_len")
         todo = [i for i, p in enumerate(params) if p.max_new_tokens > 0]
         results = [Generation([], [], "", "length", self._version, self._incarnation) for _ in prompts]
         if not todo:
@@ -145,15 +145,6 @@ class VLLMEngine:
         for i, output in zip(todo, outputs):
             results[i] = self._to_generation(output.outputs[0])
         return results
-
-    def _check_request(self, prompt: list[int], p: SamplingParams) -> None:
-        if len(prompt) == 0:
-            raise ValueError("empty prompt: at least one token is needed")
-        if p.max_new_tokens < 0 or p.temperature < 0 or not 0 < p.top_p <= 1:
-            raise ValueError(f"invalid sampling params {p}")
-        if len(prompt) + p.max_new_tokens > self._max_len:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds the "
-                             f"engine's max_model_len {self._max_len}")
 
     @staticmethod
     def _vllm_params(p: SamplingParams):
