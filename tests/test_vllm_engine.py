@@ -8,6 +8,7 @@ started engine on the same weights -- the test that catches the CPU backend's st
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from drmas.engines.logprobs import sequence_logprobs  # noqa: E402
 from drmas.engines.vllm_engine import VLLMEngine, check_engine_args  # noqa: E402
 from drmas.models import load_model  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 SMALL_KV = {"kv_cache_memory_bytes": 64 << 20}
 PROMPT = [1, 2, 3, 4, 5]
 
@@ -99,3 +101,129 @@ def test_engine_args_are_checked_naming_the_key():
         check_engine_args({"gpu_memory_utilisation": 0.5})
     with pytest.raises(ValueError, match=r"rollout.engine_args.dtype: .*models.<id>.dtype"):
         check_engine_args({"dtype": "float16"})
+
+
+# ---- the request level: continuous batching, aborts, and the episode runner on top ------------------
+
+
+def _drain(engine, ids: set[str]) -> tuple[dict, dict]:
+    """Step until every id came back; returns (generation by id, step number it came back in)."""
+    got, when, steps = {}, {}, 0
+    while set(got) != ids:
+        steps += 1
+        assert steps < 1000, "requests never finished"
+        for request_id, generation in engine.step():
+            got[request_id], when[request_id] = generation, steps
+    return got, when
+
+
+def test_requests_come_back_the_step_they_finish_and_equal_a_batch_generate(engine):
+    params = {f"r{n}": SamplingParams(temperature=1.0, max_new_tokens=n, seed=n) for n in (2, 8, 24)}
+    for request_id, p in params.items():
+        engine.submit(request_id, PROMPT, p)
+    assert engine.in_progress() == 3
+    got, when = _drain(engine, set(params))
+    assert engine.in_progress() == 0
+    assert when["r2"] < when["r24"]  # the short request did not wait for the long one
+    batch = engine.generate([PROMPT] * 3, list(params.values()))
+    assert [got[r].token_ids for r in params] == [g.token_ids for g in batch]  # seeds, not scheduling, decide
+
+
+def test_an_aborted_request_redone_gives_the_same_response(engine):
+    p = SamplingParams(temperature=1.0, max_new_tokens=24, seed=11)
+    (expected,) = engine.generate([PROMPT], [p])
+    engine.submit("x", PROMPT, p)
+    engine.step()
+    engine.abort(["x"])
+    assert engine.in_progress() == 0 and engine.step() == []
+    engine.submit("x", PROMPT, p)
+    got, _ = _drain(engine, {"x"})
+    assert got["x"].token_ids == expected.token_ids
+
+
+class _Counting:
+    """The engine as the runner sees it, counting its steps and whether anything was submitted while held."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.tokenizer, self.steps, self.submitted = inner, inner.tokenizer, 0, []
+
+    def submit(self, request_id, prompt, params):
+        self.submitted.append(request_id)
+        self.inner.submit(request_id, prompt, params)
+
+    def step(self):
+        self.steps += 1
+        return self.inner.step()
+
+    def in_progress(self):
+        return self.inner.in_progress()
+
+    def abort(self, request_ids):
+        self.inner.abort(request_ids)
+
+    def generate(self, prompts, params):
+        return self.inner.generate(prompts, params)
+
+
+SMOKE = ROOT / "configs" / "smoke.yaml"
+
+
+@pytest.fixture(scope="module")
+def smoke_engine():
+    """The smoke config's format-primed tiny model: its turns end at EOS after different numbers of tokens,
+    as real agents' do (the random model runs every turn to its length cap)."""
+    from drmas import assembly
+    from drmas.config import load_config
+
+    eng = VLLMEngine("policy", assembly.model_path(load_config(SMOKE), "policy"), engine_args=SMALL_KV)
+    try:
+        yield eng
+    finally:
+        eng.close()
+
+
+def _math_runner(engine, barrier: bool, on_round=None):
+    from drmas import assembly
+    from drmas.config import load_config
+    from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
+
+    cfg = load_config(SMOKE, ["rollout.max_new_tokens=48"])
+    task = assembly.build_task(cfg)
+    runner = EpisodeRunner(assembly.build_orchestra(cfg, task), {"policy": engine}, assembly.agent_specs(cfg),
+                           cfg.algorithm.invalid_penalty, seed=0, barrier=barrier, on_round=on_round)
+    problems = list(task.split("train"))[:6]
+    return runner, [EpisodeRequest(f"e{i}", f"g{i // 2}", problems[i // 2]) for i in range(12)]
+
+
+def test_streamed_episodes_equal_round_by_round_ones_in_fewer_engine_steps(smoke_engine):
+    results, steps = {}, {}
+    for barrier in (True, False):
+        counting = _Counting(smoke_engine)
+        runner, requests = _math_runner(counting, barrier)
+        results[barrier] = [[(s.agent, s.response_ids) for s in r.samples] for r in runner.run(requests)]
+        steps[barrier] = counting.steps
+    assert results[False] == results[True]  # the same episodes, token for token
+    assert steps[False] < steps[True], steps  # next turns started while other turns were still decoding
+
+
+def test_a_held_engine_gets_nothing_new_until_released_and_an_interrupt_redoes_the_turns(smoke_engine):
+    engine = smoke_engine
+    counting = _Counting(engine)
+    seen = {"held_at": None, "interrupted": False}
+
+    def between_steps() -> None:
+        if seen["held_at"] is None and counting.in_progress():
+            runner.hold("policy")
+            seen["held_at"] = len(counting.submitted)
+        elif seen["held_at"] is not None and not seen["interrupted"]:
+            if counting.in_progress():
+                assert len(counting.submitted) == seen["held_at"]  # held: nothing new went in
+                runner.interrupt("policy")  # the running turns are aborted, to be submitted again
+                seen["interrupted"] = True
+            runner.release("policy")
+
+    runner, requests = _math_runner(counting, barrier=False, on_round=between_steps)
+    interrupted = [[(s.agent, s.response_ids) for s in r.samples] for r in runner.run(requests)]
+    plain_runner, _ = _math_runner(engine, barrier=False)
+    plain = [[(s.agent, s.response_ids) for s in r.samples] for r in plain_runner.run(requests)]
+    assert seen["interrupted"] and interrupted == plain and engine.in_progress() == 0

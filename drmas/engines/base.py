@@ -3,12 +3,18 @@
 Everything above the engine (agents, orchestras, rollout loops) speaks only this interface, so the embedded
 PyTorch engine, a vLLM engine and a remote engine are interchangeable. Prompts go in as token ids (the
 caller owns chat templating via `engine.tokenizer`), so what is trained on is exactly what was sampled.
+
+Two ways in. `generate` samples a batch and returns when all of it is done. The request level (`submit`,
+then `step` until the request comes back) is what lets a multi-turn driver hand an episode's next turn to
+the engine the moment its previous turn returns, so an engine with continuous batching (vLLM) never waits
+for the slowest episode of a round. An engine that only batches (`generate`) gets the request level from
+`PendingBatch`: each `step` generates everything submitted since the last one, in one batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Iterable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -67,3 +73,55 @@ class Engine(Protocol):
         """Replace (a subset of) the weights by name and set the version (and the incarnation of the learner
         that published it) the next tokens are stamped with."""
         ...
+
+
+@runtime_checkable
+class RequestEngine(Protocol):
+    """The request level of an engine (see the module docstring)."""
+
+    def submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        """Queue one request; its generation comes back from a later `step`."""
+        ...
+
+    def step(self) -> list[tuple[str, Generation]]:
+        """Advance the submitted requests; returns those that finished, by request id."""
+        ...
+
+    def in_progress(self) -> int:
+        """Requests whose generation has started and not ended: weights loaded now would mix versions."""
+        ...
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Forget submitted requests (their partial generations are lost; submit them again to redo them)."""
+        ...
+
+
+class PendingBatch:
+    """The request level of an engine that only generates batches: `step` generates, in one batch, all that
+    was submitted since the last `step`. Between steps nothing is half-generated."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._queued: list[tuple[str, list[int], SamplingParams]] = []
+
+    def submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        self._queued.append((request_id, prompt, params))
+
+    def step(self) -> list[tuple[str, Generation]]:
+        queued, self._queued = self._queued, []
+        if not queued:
+            return []
+        generations = self.engine.generate([prompt for _, prompt, _ in queued], [params for *_, params in queued])
+        return [(request_id, generation) for (request_id, _, _), generation in zip(queued, generations)]
+
+    def in_progress(self) -> int:
+        return 0
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        gone = set(request_ids)
+        self._queued = [q for q in self._queued if q[0] not in gone]
+
+
+def request_level(engine: Engine) -> RequestEngine:
+    """`engine` itself when it takes requests one by one, else its `PendingBatch`."""
+    return engine if isinstance(engine, RequestEngine) else PendingBatch(engine)

@@ -11,8 +11,10 @@ What drmas needs from an engine and how vLLM is made to give it:
 * **In-place weight updates without mixing versions.** Weights arrive from the learner as a stream of
   ``(name, tensor)`` in Hugging Face names and are handed to the worker's ``reload_weights`` through a worker
   extension (`drmas.engines.vllm_worker`); the prefix cache is reset after every load (cached KV of the
-  old weights must not serve the new ones). Updates happen between `generate` calls, which each run their
-  requests to completion, so no response mixes versions.
+  old weights must not serve the new ones). A load never lands while a request is in progress (the rollout
+  drains or aborts them first, see `in_progress`), so no response mixes versions.
+* **Request level.** `submit` / `step` are vLLM's own `add_request` / `step`: continuous batching, each
+  request returned the step it finishes, so a multi-turn driver can submit an episode's next turn at once.
 * **The same responses as the embedded engine.** Token ids include the final EOS (it is trained on); the
   text is decoded by drmas from the token ids as the embedded engine does (stop strings kept, a final EOS
   left out); per-request seeds; ``max_new_tokens = 0`` gives an empty response.
@@ -52,9 +54,12 @@ _OWNED_ARGS = {
     "worker_extension_cls": "(fixed: drmas loads weights through its worker extension)",
     "max_num_seqs": "rollout.max_batch_size",
 }
-# Defaults on CPU: no graph compilation at start-up (minutes on two cores, little gain) and a KV cache
-# sized for a test machine rather than a fraction of all memory.
-_CPU_DEFAULTS: dict[str, Any] = {"enforce_eager": True, "kv_cache_memory_bytes": 1 << 30}
+# Defaults on CPU: no graph compilation at start-up (minutes on two cores, little gain), a KV cache sized for
+# a test machine rather than a fraction of all memory, and no chunked prefill: vLLM 0.32 rewinds the generator
+# of a seeded request whose prefill was chunked, which the CPU generator cannot do (RuntimeError "CPU
+# Generator does not use offset" as soon as many requests arrive at once), and drmas seeds every request.
+_CPU_DEFAULTS: dict[str, Any] = {"enforce_eager": True, "kv_cache_memory_bytes": 1 << 30,
+                                 "enable_chunked_prefill": False}
 _SET_NUM_THREADS = torch.set_num_threads  # vLLM's CPU worker replaces it; keep the real one
 
 
@@ -80,6 +85,8 @@ def check_engine_args(engine_args: Mapping[str, Any], where: str = "rollout.engi
 class VLLMEngine:
     """One model served by vLLM, behind the same interface as `EmbeddedEngine`."""
 
+    _open = 0  # engines of this process not closed yet: in-process vLLM keeps its parallel state global
+
     def __init__(self, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64,
                  seed: int = 0, engine_args: Mapping[str, Any] | None = None) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -104,6 +111,9 @@ class VLLMEngine:
         self._eos_ids = _eos_ids(self._llm, self.tokenizer)
         self._version = 0
         self._incarnation = ""
+        self._running: set[str] = set()  # submitted request ids not returned yet
+        self._ready: list[tuple[str, Generation]] = []  # finished without vLLM (max_new_tokens = 0)
+        VLLMEngine._open += 1
 
     @classmethod
     def from_path(cls, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64,
@@ -136,6 +146,8 @@ class VLLMEngine:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         for prompt, p in zip(prompts, params):
             check_request(prompt, p, self._max_len, "engine's max_model_len")
+        if self._running:
+            raise RuntimeError(f"{self.model_id}: generate() while {len(self._running)} submitted requests run")
         todo = [i for i, p in enumerate(params) if p.max_new_tokens > 0]
         results = [Generation([], [], "", "length", self._version, self._incarnation) for _ in prompts]
         if not todo:
@@ -149,11 +161,48 @@ class VLLMEngine:
     @staticmethod
     def _vllm_params(p: SamplingParams):
         from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         return VllmSamplingParams(
             temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_new_tokens, seed=p.seed,
             stop=list(p.stop), include_stop_str_in_output=True, logprobs=0, skip_special_tokens=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
         )
+
+    # ---------------------------------------------------------------------------------- request level
+
+    def submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        from vllm.inputs import TokensPrompt
+
+        check_request(prompt, params, self._max_len, "engine's max_model_len")
+        if params.max_new_tokens == 0:
+            self._ready.append((request_id, Generation([], [], "", "length", self._version, self._incarnation)))
+            return
+        self._llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)),
+                                         self._vllm_params(params))
+        self._running.add(request_id)
+
+    def step(self) -> list[tuple[str, Generation]]:
+        """One engine step (a decode step for every running request, prefill for new ones); returns the
+        requests that finished in it."""
+        done, self._ready = self._ready, []
+        if self._running:
+            for output in self._llm.llm_engine.step():
+                if output.finished and output.request_id in self._running:
+                    self._running.discard(output.request_id)
+                    done.append((output.request_id, self._to_generation(output.outputs[0])))
+        return done
+
+    def in_progress(self) -> int:
+        return len(self._running)
+
+    def abort(self, request_ids) -> None:
+        gone = set(request_ids)
+        running = [r for r in gone if r in self._running]
+        if running:
+            self._llm.llm_engine.abort_request(running)
+        self._running -= gone
+        self._ready = [(r, g) for r, g in self._ready if r not in gone]
 
     def _to_generation(self, completion) -> Generation:
         ids = list(completion.token_ids)
@@ -166,10 +215,22 @@ class VLLMEngine:
         )
 
     def close(self) -> None:
-        """Shut the engine down and release its memory (KV cache, weights)."""
-        engine_core = getattr(self._llm.llm_engine, "engine_core", None)
-        if engine_core is not None and hasattr(engine_core, "shutdown"):
+        """Release the engine's memory (KV cache, weights). The last engine of the process shuts vLLM down;
+        an earlier one only lets go of its objects, since shutting down tears down the parallel state (global
+        in-process) that the other engines of this process still run on."""
+        llm, self._llm = getattr(self, "_llm", None), None
+        if llm is None:
+            return
+        VLLMEngine._open -= 1
+        engine_core = getattr(llm.llm_engine, "engine_core", None)
+        if VLLMEngine._open == 0 and engine_core is not None and hasattr(engine_core, "shutdown"):
             engine_core.shutdown()
+        elif engine_core is not None and hasattr(getattr(engine_core, "_finalizer", None), "detach"):
+            engine_core._finalizer.detach()  # its shutdown-on-collection would tear the shared state down
+        del llm
+        import gc
+
+        gc.collect()
 
 
 def _tolerant_vars(obj: Any) -> Any:

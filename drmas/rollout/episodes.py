@@ -1,16 +1,23 @@
-"""Drive many multi-agent episodes at once and batch their LLM calls per engine.
+"""Drive many multi-agent episodes at once, handing each agent turn to its engine as soon as it is asked for.
 
-Each orchestra episode is a generator waiting on one agent turn. Every round, the runner gathers the
-pending turns of all live episodes, groups them by the model that serves the agent, makes one batched
-`generate` call per engine, and sends each episode its response. Episodes of different lengths simply
-finish at different rounds. The result is one `Sample` per agent call, rewards filled in. Tool calls
-(`ToolCall`, e.g. retrievals) are batched the same way, one call per tool for all the episodes waiting on
-it, before each round's generation.
+Each orchestra episode is a generator waiting on one agent turn (or tool call). The runner submits every
+pending turn to the engine of the agent's model at once (`drmas.engines.base.RequestEngine`) and steps the
+engines; whatever turn an engine returns goes straight back to its episode, whose next turn is submitted
+before the next step. An engine with continuous batching (vLLM) therefore never waits for the slowest
+episode of a "round"; an engine that generates batches (the embedded one) generates, per step, everything
+submitted since its last step, which is the round-by-round batching it was built for. `barrier=True`
+restores rounds for every engine (each step waits for all submitted turns), for comparison. Tool calls
+(`ToolCall`, e.g. retrievals) are batched: one call per tool for all the episodes waiting on it.
 
-`run` drives a fixed set of episodes to their end (training steps, evaluation). `stream` keeps a rollout
-process busy instead: before every round it asks for new episodes, so finished ones are replaced at once,
-and hands each episode over the moment it ends. The `on_round` hook runs between rounds, the one point
-where no generation is in progress, which is where a rollout process swaps in new weights.
+The result is one `Sample` per agent call, rewards filled in. `run` drives a fixed set of episodes to their
+end (training steps, evaluation). `stream` keeps a rollout process busy instead: before every step it asks
+for new episodes, so finished ones are replaced at once, and hands each episode over the moment it ends.
+
+Weights may only change on an engine with nothing in progress, or a response would mix versions. The
+`on_round` hook runs between engine steps; to load weights there, a caller checks `in_progress(model)` and,
+while requests run, `hold(model)` (submit nothing new, let the running ones finish) or `interrupt(model)`
+(abort them; they are submitted again afterwards, with their own seeds, so nothing else changes), then
+`release(model)` once the weights are in.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
-from drmas.engines.base import Engine, Generation, SamplingParams
+from drmas.engines.base import Engine, Generation, SamplingParams, request_level
 from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra, ToolCall
 from drmas.protocol import Sample
 from drmas.tasks.base import Problem
@@ -65,6 +72,12 @@ class _Live:
     episode: object  # the orchestra's generator
     turn: AgentTurn | ToolCall  # what the episode waits for
     calls: list[_Call] = field(default_factory=list)
+    submitted: str = ""  # the engine request id of `turn` while it runs
+    prompt_ids: list[int] = field(default_factory=list)  # of `turn`, once submitted
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.request.episode_id}/{len(self.calls)}"
 
 
 class EpisodeRunner:
@@ -78,13 +91,15 @@ class EpisodeRunner:
         invalid_penalty: float,
         seed: int | None = None,
         on_round: Optional[Callable[[], None]] = None,
+        barrier: bool = False,
     ) -> None:
         """With `seed`, every call is sampled from its own stream derived from (seed, episode id, turn):
         the same episode samples the same tokens whatever else shares its batch, and a resumed run
         continues exactly as an uninterrupted one would.
 
-        `on_round`, if given, is called before every decode round (never during one). Live episodes keep
-        going across it, so it may replace an engine's weights: later turns then carry the new version."""
+        `on_round`, if given, is called before every engine step (never during one): the place to load new
+        weights, under the rule in the module docstring. `barrier` makes every step wait for all submitted
+        turns before any episode goes on (rounds)."""
         missing = [a for a in orchestra.agents if a not in agents]
         if missing:
             raise ValueError(f"the orchestra needs agents {missing} that are not configured")
@@ -98,6 +113,11 @@ class EpisodeRunner:
         self.invalid_penalty = invalid_penalty
         self.seed = seed
         self.on_round = on_round
+        self.barrier = barrier
+        self._requests = {model: request_level(engine) for model, engine in engines.items()}
+        self._held: set[str] = set()
+        self._waiting: list[_Live] = []  # episodes whose turn is not submitted yet (or that wait on a tool)
+        self._running: dict[str, _Live] = {}  # engine request id -> episode
 
     def run(self, requests: Sequence[EpisodeRequest]) -> list[EpisodeResult]:
         """Run every episode to its end; results come back in request order."""
@@ -119,41 +139,101 @@ class EpisodeRunner:
     ) -> None:
         """Run episodes as they are admitted until `admit` says there will be no more and all have ended.
 
-        Before every round `admit(number of live episodes)` returns the episodes to start now (possibly
-        none), or None once no more will come. When nothing is live, `admit` is called again at once, so it
-        should wait a little itself rather than return an empty list immediately. Every finished episode
-        goes to `on_result` as soon as it ends. An exception from either callback (or `on_round`) ends the
-        stream; episodes still live are then abandoned.
+        Before every engine step `admit(number of live episodes)` returns the episodes to start now
+        (possibly none), or None once no more will come. When nothing is live, `admit` is called again at
+        once, so it should wait a little itself rather than return an empty list immediately. Every finished
+        episode goes to `on_result` as soon as it ends. An exception from either callback (or `on_round`) ends
+        the stream; episodes still live are then abandoned (and their running requests aborted).
         """
-        live: list[_Live] = []
+        self._waiting, self._running, self._held = [], {}, set()
         more = True
-        while more or live:
-            if more:
-                new = admit(len(live))
-                more = new is not None
-                for req in new or ():
-                    episode = self.orchestra.run(req.problem)
-                    self._advance(_Live(req, episode, turn=None), None, live, on_result)  # type: ignore[arg-type]
-            if not live:
-                continue
-            if self.on_round is not None:
-                self.on_round()
-            live = self._round(live, on_result)
+        try:
+            while more or self._waiting or self._running:
+                if more:
+                    new = admit(self.live)
+                    more = new is not None
+                    for req in new or ():
+                        episode = self.orchestra.run(req.problem)
+                        self._advance(_Live(req, episode, turn=None), None, self._waiting, on_result)  # type: ignore[arg-type]
+                if not self.live:
+                    continue
+                self._waiting = self._call_tools(self._waiting, on_result)
+                self._submit_waiting()
+                if self.on_round is not None:
+                    self.on_round()
+                self._step_engines(on_result)
+        finally:
+            for model, engine in self._requests.items():
+                running = [rid for rid, item in self._running.items() if self._model_of(item) == model]
+                if running:
+                    engine.abort(running)
+            self._running = {}
 
-    def _round(self, live: list[_Live], on_result: Callable[[EpisodeResult], None]) -> list[_Live]:
-        """Pending tool calls first, then one batched generate call per engine for the pending agent turns;
-        returns the episodes still live."""
-        live = self._call_tools(live, on_result)
-        by_model: dict[str, list[_Live]] = defaultdict(list)
-        for item in live:
-            by_model[self.agents[item.turn.agent].model].append(item)
-        still_live: list[_Live] = []
-        for model, items in by_model.items():
-            responses = self._generate(model, items)
-            for item, (prompt_ids, gen) in zip(items, responses):
-                item.calls.append(_Call(item.turn.agent, model, prompt_ids, gen))
-                self._advance(item, gen.text, still_live, on_result)
-        return still_live
+    @property
+    def live(self) -> int:
+        """Episodes started and not ended."""
+        return len(self._waiting) + len(self._running)
+
+    # ---- weights may change only on an idle engine (see the module docstring) ---------------------------
+
+    def in_progress(self, model: str) -> int:
+        """Requests of `model`'s engine whose generation has started and not ended."""
+        return self._requests[model].in_progress()
+
+    def hold(self, model: str) -> None:
+        """Submit nothing new to `model`'s engine until `release`: the running requests finish, then it idles."""
+        self._held.add(model)
+
+    def release(self, model: str) -> None:
+        self._held.discard(model)
+
+    def interrupt(self, model: str) -> None:
+        """Abort what runs on `model`'s engine; those turns go back to be submitted again (same seeds)."""
+        aborted = [rid for rid, item in self._running.items() if self._model_of(item) == model]
+        if aborted:
+            self._requests[model].abort(aborted)
+        for rid in aborted:
+            item = self._running.pop(rid)
+            item.submitted = ""
+            self._waiting.append(item)
+
+    # ---- the loop ------------------------------------------------------------------------------------
+
+    def _model_of(self, item: _Live) -> str:
+        return self.agents[item.turn.agent].model
+
+    def _submit_waiting(self) -> None:
+        """Submit every waiting agent turn whose engine is not held."""
+        still_waiting = []
+        for item in self._waiting:
+            model = self._model_of(item)
+            if model in self._held:
+                still_waiting.append(item)
+                continue
+            engine = self.engines[model]
+            prompt = self._encode(engine, item.turn)
+            item.submitted = item.request_id
+            item.prompt_ids = prompt
+            self._requests[model].submit(item.submitted, prompt, self._sampling(item))
+            self._running[item.submitted] = item
+        self._waiting = still_waiting
+
+    def _step_engines(self, on_result: Callable[[EpisodeResult], None]) -> None:
+        """Step every engine with requests; episodes whose turn came back go on (all at once with `barrier`)."""
+        finished: list[tuple[_Live, str, Generation]] = []
+        while True:
+            for model, engine in self._requests.items():
+                if not any(self._model_of(item) == model for item in self._running.values()):
+                    continue
+                for request_id, generation in engine.step():
+                    item = self._running.pop(request_id)
+                    finished.append((item, model, generation))
+            if not self.barrier or not self._running:
+                break
+        for item, model, generation in finished:
+            item.calls.append(_Call(item.turn.agent, model, item.prompt_ids, generation))
+            item.submitted = ""
+            self._advance(item, generation.text, self._waiting, on_result)
 
     def _call_tools(self, live: list[_Live], on_result: Callable[[EpisodeResult], None]) -> list[_Live]:
         """Answer every pending tool call, one batched call per tool, until each live episode waits on an
@@ -175,12 +255,6 @@ class EpisodeRunner:
                 for item, result in zip(items, results):
                     self._advance(item, result, ready, on_result)
             live = ready
-
-    def _generate(self, model: str, items: list[_Live]) -> list[tuple[list[int], Generation]]:
-        engine = self.engines[model]
-        prompts = [self._encode(engine, item.turn) for item in items]
-        params = [self._sampling(item) for item in items]
-        return list(zip(prompts, engine.generate(prompts, params)))
 
     def _sampling(self, item: _Live) -> SamplingParams:
         params = self.agents[item.turn.agent].sampling

@@ -1,17 +1,20 @@
 """The rollout loop: keep episodes generating, stream each one to the buffer, take new weights between rounds.
 
-One `EpisodeRunner.stream` runs for the life of the process. Before every decode round it
+One `EpisodeRunner.stream` runs for the life of the process. Before every engine step it
 
-* applies whatever weights the learners announced (`WeightReceiver.poll` in this thread, so never during
-  a generate call and no response mixes versions; live episodes simply continue with the new weights and
-  their later turns carry the new version), and
+* applies whatever weights the learners announced (`WeightReceiver.poll` in this thread), but only into an
+  engine with no request in progress, so no response mixes versions: while requests run on it (vLLM's
+  continuous batching), the engine is held (nothing new submitted) until they finish, then loaded and
+  released. Live episodes simply continue with the new weights; their later turns carry the new version.
+  Where the loop cannot wait (blocked on buffer credit, see below) the running requests are aborted instead
+  and submitted again after the load;
 * tops the live GRPO groups up to `groups_in_flight`, but only as many as the buffer grants: the grant
   follows every model's staleness bound, so a group that would be too stale by the time a learner could
   train it is never started.
 
 A finished episode goes to the buffer at once with the samples of trained agents only (nothing else would
-ever leave the buffer). While the buffer withholds credit the loop keeps taking weight pushes, so a full
-buffer never stalls a learner's push.
+ever leave the buffer). While the buffer withholds credit the loop keeps taking weight pushes (aborting
+running requests if it must), so a full buffer never stalls a learner's push.
 
 Before the first group, the loop waits for the current weights of every trained model from its learner, so
 no sample is generated from weights that no learner vouches for (this also makes a rollout that joins late
@@ -130,13 +133,13 @@ class RolloutWorker:
     def _between_rounds(self) -> None:
         if self.stop.is_set():
             raise _Stopped
-        self._poll_weights()
+        self._poll_weights(can_wait=True)
 
     def _admit(self, live: int) -> list[EpisodeRequest]:
         """New episodes for the groups the buffer grants now; waits a slice when there is nothing to run."""
         if self.stop.is_set():
             raise _Stopped
-        self._poll_weights()
+        self._poll_weights(can_wait=True)
         if time.monotonic() - self.meter.start >= self.cfg.pipeline.report_interval_s:
             self._report()
         requests = self._admit_groups()
@@ -192,10 +195,21 @@ class RolloutWorker:
         for rejection in self.producer.pop_rejections():
             self.rejected[rejection.reason] += 1
 
-    def _poll_weights(self) -> None:
+    def _poll_weights(self, can_wait: bool = False) -> None:
+        """Load announced weights into idle engines. An engine with requests in progress is held until they
+        finish (`can_wait`: the stream goes on stepping), or else its requests are aborted, to be redone."""
         for model, receiver in self.receivers.items():
+            if not receiver.has_pending():
+                self.runner.release(model)
+                continue
+            if self.runner.in_progress(model):
+                if can_wait:
+                    self.runner.hold(model)
+                    continue
+                self.runner.interrupt(model)
             if receiver.poll() is not None and receiver.last_apply_s is not None:
                 self.meter.apply_s[model] += receiver.last_apply_s
+            self.runner.release(model)
 
     # ---- metrics -----------------------------------------------------------------------------------
     def _report(self) -> None:
