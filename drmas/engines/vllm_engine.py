@@ -88,7 +88,8 @@ class VLLMEngine:
     _open = 0  # engines of this process not closed yet: in-process vLLM keeps its parallel state global
 
     def __init__(self, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64,
-                 seed: int = 0, engine_args: Mapping[str, Any] | None = None) -> None:
+                 seed: int = 0, engine_args: Mapping[str, Any] | None = None, *, ignore_eos: bool = False) -> None:
+        """`ignore_eos` runs every response to max_new_tokens (benchmarks comparing equal work)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from vllm import LLM
@@ -109,6 +110,7 @@ class VLLMEngine:
             _SET_NUM_THREADS(threads)
         self._max_len = self._llm.llm_engine.model_config.max_model_len
         self._eos_ids = _eos_ids(self._llm, self.tokenizer)
+        self._ignore_eos = ignore_eos
         self._version = 0
         self._incarnation = ""
         self._running: set[str] = set()  # submitted request ids not returned yet
@@ -158,15 +160,14 @@ class VLLMEngine:
             results[i] = self._to_generation(output.outputs[0])
         return results
 
-    @staticmethod
-    def _vllm_params(p: SamplingParams):
+    def _vllm_params(self, p: SamplingParams):
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         return VllmSamplingParams(
             temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_new_tokens, seed=p.seed,
             stop=list(p.stop), include_stop_str_in_output=True, logprobs=0, skip_special_tokens=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.FINAL_ONLY, ignore_eos=self._ignore_eos,
         )
 
     # ---------------------------------------------------------------------------------- request level
