@@ -72,8 +72,9 @@ def build_engine(cfg: DrmasConfig, model_id: str, path: Path, seed: int):
     from drmas.engines import ENGINES
 
     factory = ENGINES.get(cfg.rollout.engine)
-    return factory(model_id, path, cfg.models[model_id].dtype, cfg.rollout.max_batch_size, seed,
-                   engine_args=dict(cfg.rollout.engine_args))
+    mcfg = cfg.models[model_id]
+    return factory(model_id, path, mcfg.dtype, cfg.rollout.max_batch_size, seed,
+                   engine_args=dict(cfg.rollout.engine_args), device=mcfg.device)
 
 
 def model_path(cfg: DrmasConfig, model_id: str) -> Path:

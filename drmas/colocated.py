@@ -18,6 +18,7 @@ import torch
 from drmas import assembly, checkpoint
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
+from drmas.devices import resolve_device
 from drmas.evaluation import heldout_accuracy
 from drmas.learner.advantage import compute_advantages
 from drmas.learner.policy import PolicyTrainer
@@ -64,6 +65,7 @@ class ColocatedRun:
             agents = assembly.trained_agents(self.cfg, model_id)
             if mcfg.trainable and agents:
                 model, tokenizer = load_model(path, dtype=mcfg.dtype)
+                model.to(resolve_device(mcfg.device, f"models.{model_id}.device"))
                 weights = {n: self.cfg.agents[n].loss_weight for n in agents}
                 self.trainers[model_id] = PolicyTrainer(model_id, model, mcfg.optim, self.cfg.algorithm, weights)
                 self.tokenizers[model_id] = tokenizer

@@ -21,7 +21,7 @@ def test_smoke_config_loads_and_overrides_apply():
 
 
 def test_shipped_configs_are_valid():
-    for path in sorted((ROOT / "configs").glob("*.yaml")):
+    for path in sorted((ROOT / "configs").rglob("*.yaml")):  # configs/gpu/ too
         load_config(path)
 
 

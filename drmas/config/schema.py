@@ -60,6 +60,11 @@ class ModelConfig:
     )
     tiny: TinyModelConfig = _f(TinyModelConfig, "Shape of the model when builtin='tiny'.")
     dtype: str = _f("float32", "Parameter dtype for training and serving: float32 or bfloat16.")
+    device: str = _f(
+        "auto", "Where the model's learner (and its embedded engine) lives: auto (CUDA when the process sees a GPU, "
+        "else CPU), cpu, cuda or cuda:N. On CUDA a learner keeps float32 master weights and runs bfloat16 "
+        "autocast. vLLM engines use the GPUs their process sees (CUDA_VISIBLE_DEVICES).",
+    )
     trainable: bool = _f(True, "Train this model (false: serve it frozen).")
     optim: OptimConfig = _f(OptimConfig, "Optimizer of this model.")
 

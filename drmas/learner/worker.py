@@ -34,6 +34,7 @@ from drmas.buffer import BufferConsumer
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.endpoints import learner_address
+from drmas.devices import resolve_device
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
 from drmas.learner.policy import PolicyTrainer
 from drmas.learner.running_stats import AgentRewardStats
@@ -49,6 +50,12 @@ log = logging.getLogger(__name__)
 
 MAX_FAILED_UPDATES = 3  # failed updates in a row after which the learner gives up
 DROP_UPDATE_FAILED = "update_failed"
+
+
+def precision(device: torch.device, model: torch.nn.Module) -> str:
+    """How the learner computes, in words (the log line users check first on a GPU)."""
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return f"{dtype} weights, bfloat16 autocast" if device.type == "cuda" else f"{dtype}"
 
 
 class UpdateFailed(RuntimeError):
@@ -70,7 +77,9 @@ class LearnerWorker:
         checkpoint.seed_everything(cfg.trainer.seed)
         self.agents = assembly.trained_agents(cfg, model_id)
         mcfg = cfg.models[model_id]
+        self.device = resolve_device(mcfg.device, f"models.{model_id}.device")
         self.model, self.tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype)
+        self.model.to(self.device)
         weights = {a: cfg.agents[a].loss_weight for a in self.agents}
         self.trainer = PolicyTrainer(model_id, self.model, mcfg.optim, cfg.algorithm, weights)
         self.stats = AgentRewardStats(window=cfg.algorithm.running_stats_window)
@@ -82,7 +91,7 @@ class LearnerWorker:
         self.sender = WeightSender.from_config(cfg.pipeline.weights, host, port, model=model_id,
                                                incarnation=self.lineage.incarnation,
                                                current_weights=self._current_weights,
-                                               curve=cfg.pipeline.buffer.server_curve())
+                                               curve=cfg.pipeline.buffer.server_curve(), device=self.device)
         self.limits = SampleLimits.of_model(self.model, cfg.pipeline.buffer.max_sample_tokens)
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
                                         cfg.pipeline.max_staleness, stop, limits=self.limits)
@@ -100,8 +109,9 @@ class LearnerWorker:
         (self.out / "config.yaml").write_text(to_yaml(cfg))
         writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard)
         self.sender.start()
-        log.info("learner of %r (agents %s) at version %d; rollouts join %s", self.model_id, self.agents,
-                 self.version, self.sender.endpoint)
+        log.info("learner of %r (agents %s) at version %d on %s (%s); rollouts join %s (%s)", self.model_id,
+                 self.agents, self.version, self.device, precision(self.device, self.model), self.sender.endpoint,
+                 self.sender.backend)
         try:
             self._report_version()
             last = time.monotonic()

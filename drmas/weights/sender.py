@@ -455,6 +455,7 @@ class WeightSender:
         current_weights: CurrentWeights | None = None,
         config: WeightSyncConfig | None = None,
         curve: CurveKeys | None = None,
+        device: torch.device | None = None,
     ) -> None:
         """``config`` (if given) supplies every setting; otherwise the keyword settings are used with the
         defaults of `WeightSyncConfig` for the rest. ``model`` '' accepts rollouts of any model. ``incarnation``
@@ -463,7 +464,9 @@ class WeightSender:
         ``curve``: the cluster's CURVE server keys and the client keys allowed in (the buffer's). With it,
         only those rollouts can join, and everything they learn about the rendezvous (store port, pair id)
         travels encrypted; pair ids then carry 128 random bits, so nobody can guess their way into a pair's
-        gloo/NCCL rendezvous on the (unauthenticated) TCPStore. Binding a non-loopback address needs it."""
+        gloo/NCCL rendezvous on the (unauthenticated) TCPStore. Binding a non-loopback address needs it.
+
+        ``device``: where the tensors to send live; backend 'auto' takes NCCL only for CUDA tensors."""
         if curve is None and not is_loopback_host(bind_host):
             raise ValueError(
                 f"refusing to serve weights on {bind_host!r} without CURVE keys: anyone on the network could "
@@ -472,7 +475,7 @@ class WeightSender:
         self._curve = curve
         self._auth = None
         self.config = config or WeightSyncConfig(chunk_mb=chunk_mb, timeout_s=timeout_s, backend=backend)
-        self.backend = resolve_backend(self.config.backend)
+        self.backend = resolve_backend(self.config.backend, device)
         self.model = model
         self.bind_host = bind_host
         self._control_port = control_port

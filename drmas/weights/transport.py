@@ -31,11 +31,13 @@ class PairError(RuntimeError):
     """A collective on a pair failed or timed out; the pair is unusable and must be rebuilt."""
 
 
-def resolve_backend(name: str) -> str:
-    """'auto' -> 'nccl' where CUDA and NCCL are usable, else 'gloo'; an explicit choice is checked."""
+def resolve_backend(name: str, tensors_on: torch.device | None = None) -> str:
+    """'auto' -> 'nccl' when the weights are CUDA tensors and NCCL is usable, else 'gloo' (a CPU learner on a
+    GPU machine sends CPU tensors: gloo); an explicit choice is checked."""
     nccl_ok = torch.cuda.is_available() and dist.is_nccl_available()
     if name == "auto":
-        return "nccl" if nccl_ok else "gloo"
+        on_cuda = tensors_on is not None and tensors_on.type == "cuda"
+        return "nccl" if nccl_ok and on_cuda else "gloo"
     if name == "nccl" and not nccl_ok:
         raise ValueError("backend 'nccl' needs CUDA and a torch build with NCCL")
     if name not in ("gloo", "nccl"):

@@ -1,0 +1,45 @@
+"""Device placement on a machine without a GPU: what `auto` means, and GPU requests refused by key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from drmas.config import ConfigError, load_config
+from drmas.devices import resolve_device, training_autocast
+from drmas.weights.transport import resolve_backend
+
+SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_auto_means_cpu_here_and_a_gpu_request_is_refused_naming_the_key():
+    assert resolve_device("auto", "models.policy.device") == torch.device("cpu")
+    assert resolve_device("cpu", "models.policy.device") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"models.policy.device=cuda:1: this process sees no CUDA device"):
+        resolve_device("cuda:1", "models.policy.device")
+    # CPU tensors travel over gloo even where NCCL would be available; only CUDA tensors take NCCL
+    assert resolve_backend("auto", torch.device("cpu")) == "gloo"
+    with pytest.raises(ValueError, match="nccl"):
+        resolve_backend("nccl", torch.device("cpu"))
+    with training_autocast(torch.device("cpu")):  # nothing is autocast on CPU
+        assert not torch.is_autocast_enabled("cpu")
+
+
+def test_a_malformed_device_is_refused_at_config_time():
+    with pytest.raises(ConfigError, match=r"models.policy.device: 'gpu0' is not a device"):
+        load_config(SMOKE, ["models.policy.device=gpu0"])
+    assert load_config(SMOKE, ["models.policy.device=cuda:3"]).models["policy"].device == "cuda:3"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_a_run_asking_for_a_gpu_that_is_not_there_exits_with_a_message(tmp_path):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(SMOKE), f"trainer.output_dir={tmp_path}/run",
+               "models.policy.device=cuda", "eval.n_problems=0"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "models.policy.device=cuda" in done.stderr and "Traceback" not in done.stderr
