@@ -66,9 +66,11 @@ def retriever(tmp_path_factory: pytest.TempPathFactory) -> BM25Retriever:
     return BM25Retriever(PASSAGES, index_dir=tmp_path_factory.mktemp("bm25"), show_progress=False)
 
 
-def make(retriever, max_turns: int = 4, history_max_chars: int = 2000, reward_metric: str = "em", topk: int = 3):
+def make(retriever, max_turns: int = 4, history_max_chars: int = 2000, reward_metric: str = "em", topk: int = 3,
+         **system):
     cfg = SystemConfig(
-        name="search", max_turns=max_turns, history_max_chars=history_max_chars, reward_metric=reward_metric
+        name="search", max_turns=max_turns, history_max_chars=history_max_chars, reward_metric=reward_metric,
+        **system,
     )
     return SearchOrchestra(cfg, ROLES, task=None, retriever=retriever, topk=topk)
 
@@ -119,25 +121,44 @@ def test_two_hops_retrieve_both_support_passages(retriever) -> None:
     assert t.outcome.info["turns"] == 3 and t.outcome.info["searches"] == 2
 
 
-def test_last_turn_skips_router_and_searcher(retriever) -> None:
-    t = drive(make(retriever, max_turns=2), [NO, SEARCH_ORLA, ANSWER])
+def test_the_router_routes_the_last_turn_and_yes_there_answers(retriever) -> None:
+    t = drive(make(retriever, max_turns=2), [NO, SEARCH_ORLA, YES, ANSWER])
+    assert agents_asked(t) == ["rita", "sam", "rita", "ana"]  # no searcher on the last turn, the router as always
+    info = t.outcome.info
+    assert (info["turns"], info["router_calls"], info["routed_to_answer"]) == (2, 2, True)
+    assert t.outcome.reward == 1.0 and "Search: Orla Fenwick born" in request(t.asked[-1])
+
+
+def test_no_on_the_last_turn_ends_the_episode_without_an_answer(retriever) -> None:
+    """As in the reference: a router that never says yes gets no answer, so the episode's reward is 0."""
+    t = drive(make(retriever, max_turns=4), [NO, SEARCH_ORLA] * 3 + [NO])
+    assert agents_asked(t) == ["rita", "sam"] * 3 + ["rita"]
+    info = t.outcome.info
+    assert (info["turns"], info["router_calls"], info["searches"]) == (4, 4, 3)
+    assert (info["routed_to_answer"], info["answered"], t.outcome.final_answer) == (False, False, "")
+    assert t.outcome.reward == 0.0
+
+
+def test_a_single_turn_is_router_then_answerer_or_nothing(retriever) -> None:
+    t = drive(make(retriever, max_turns=1), [YES, ANSWER])
+    assert agents_asked(t) == ["rita", "ana"] and t.outcome.reward == 1.0
+    t = drive(make(retriever, max_turns=1), [NO])
+    assert agents_asked(t) == ["rita"] and t.outcome.reward == 0.0 and t.outcome.info["answered"] is False
+
+
+def test_route_last_turn_off_skips_router_and_searcher_on_the_last_turn(retriever) -> None:
+    t = drive(make(retriever, max_turns=2, route_last_turn=False), [NO, SEARCH_ORLA, ANSWER])
     assert agents_asked(t) == ["rita", "sam", "ana"]
     assert t.outcome.info["turns"] == 2
     assert t.outcome.info["router_calls"] == 1
     assert t.outcome.info["routed_to_answer"] is False
     assert "Search: Orla Fenwick born" in request(t.asked[-1])
+    t = drive(make(retriever, max_turns=4, route_last_turn=False), [NO, SEARCH_ORLA] * 3 + [ANSWER])
+    assert agents_asked(t) == ["rita", "sam"] * 3 + ["ana"] and t.outcome.reward == 1.0
 
 
-def test_max_turns_bounds_the_episode_when_the_router_never_says_yes(retriever) -> None:
-    script = [NO, SEARCH_ORLA] * 3 + [ANSWER]
-    t = drive(make(retriever, max_turns=4), script)
-    assert agents_asked(t) == ["rita", "sam"] * 3 + ["ana"]
-    info = t.outcome.info
-    assert (info["turns"], info["router_calls"], info["searches"]) == (4, 3, 3)
-
-
-def test_single_turn_is_answerer_only(retriever) -> None:
-    t = drive(make(retriever, max_turns=1), [ANSWER])
+def test_route_last_turn_off_makes_a_single_turn_answerer_only(retriever) -> None:
+    t = drive(make(retriever, max_turns=1, route_last_turn=False), [ANSWER])
     assert agents_asked(t) == ["ana"]
     assert t.outcome.info["router_calls"] == 0 and t.outcome.info["turns"] == 1
     assert NO_RESULTS in request(t.asked[0])
@@ -152,9 +173,22 @@ def test_topk_limits_the_passages_per_search(retriever) -> None:
 # --- malformed outputs -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("malformed", ["I think we need more.", "<verify>maybe</verify>", "<verify>approve</verify>"])
-def test_malformed_router_reply_counts_as_no(retriever, malformed: str) -> None:
-    t = drive(make(retriever, max_turns=3), [malformed, SEARCH_ORLA, YES, ANSWER])
+MALFORMED_ROUTES = ["I think we need more.", "<verify>maybe</verify>", "<verify>approve</verify>"]
+
+
+@pytest.mark.parametrize("malformed", MALFORMED_ROUTES)
+def test_malformed_router_reply_counts_as_yes_by_default(retriever, malformed: str) -> None:
+    """The reference's choice: no verdict tag -> answer now (still an invalid turn)."""
+    for max_turns in (3, 1):  # also on the last turn, where "no" would end the episode unanswered
+        t = drive(make(retriever, max_turns=max_turns), [malformed, ANSWER])
+        assert agents_asked(t) == ["rita", "ana"]
+        assert t.outcome.info["malformed_verdicts"] == 1 and t.outcome.info["routed_to_answer"] is True
+        assert [turn.valid for turn in t.outcome.turns] == [False, True] and t.outcome.reward == 1.0
+
+
+@pytest.mark.parametrize("malformed", MALFORMED_ROUTES)
+def test_malformed_router_reply_can_count_as_no(retriever, malformed: str) -> None:
+    t = drive(make(retriever, max_turns=3, malformed_route="search"), [malformed, SEARCH_ORLA, YES, ANSWER])
     assert agents_asked(t) == ["rita", "sam", "rita", "ana"]
     assert t.outcome.info["malformed_verdicts"] == 1
     assert [turn.valid for turn in t.outcome.turns] == [False, True, True, True]
@@ -173,7 +207,7 @@ def test_invalid_search_retrieves_nothing_and_the_history_says_so(retriever, fai
 
 def test_validity_is_recorded_per_turn_in_order(retriever) -> None:
     script = ["<VERIFY> No </Verify>", "<search>Orla</search>", "no idea", "query?", "Lunaria"]
-    t = drive(make(retriever, max_turns=3), script)
+    t = drive(make(retriever, max_turns=3, route_last_turn=False, malformed_route="search"), script)
     assert [(r.agent, r.text, r.valid) for r in t.outcome.turns] == [
         ("rita", script[0], True),
         ("sam", script[1], True),
@@ -294,6 +328,7 @@ def test_missing_role_is_named(retriever, missing: str) -> None:
         ({"max_turns": 0}, r"system\.max_turns"),
         ({"history_max_chars": 0}, r"system\.history_max_chars"),
         ({"reward_metric": "bleu"}, r"system\.reward_metric"),
+        ({"malformed_route": "yes"}, r"system\.malformed_route"),
         ({"topk": 0}, r"retrieval\.topk"),
     ],
 )
@@ -354,11 +389,12 @@ def test_episode_group_on_a_tiny_random_model_runs_all_three_agents(tiny_model, 
     engine = EmbeddedEngine("tiny", model, tokenizer, max_batch_size=8, seed=0)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
     specs = {name: AgentSpec("tiny", sampling) for name in ROLES.values()}
-    runner = EpisodeRunner(make(retriever, max_turns=3), {"tiny": engine}, specs, invalid_penalty=0.01, seed=0)
+    orchestra = make(retriever, max_turns=3, route_last_turn=False, malformed_route="search")
+    runner = EpisodeRunner(orchestra, {"tiny": engine}, specs, invalid_penalty=0.01, seed=0)
     results = runner.run([EpisodeRequest(f"e{i}", "g0", PROBLEM) for i in range(4)])
 
-    # A random model writes no tags: every verdict is malformed (-> search), every search fails (-> nothing
-    # retrieved), and the last turn still goes to the answerer.
+    # A random model writes no tags: every verdict is malformed (-> search, as configured), every search fails
+    # (-> nothing retrieved), and the last turn goes to the answerer (router skipped there, as configured).
     for result in results:
         outcome = result.outcome
         assert [s.agent for s in result.samples] == ["rita", "sam", "rita", "sam", "ana"]
@@ -408,8 +444,8 @@ def test_runner_batches_the_searches_of_all_episodes_into_one_retriever_call(tin
 
     counting = _CountingRetriever(retriever)
     specs = {name: AgentSpec("m", SamplingParams(max_new_tokens=n)) for name, n in zip(ROLES.values(), (11, 12, 13))}
-    runner = EpisodeRunner(make(counting, max_turns=3), {"m": _RoleScriptedEngine(tiny_model[1])}, specs,
-                           invalid_penalty=0.01, seed=0)
+    runner = EpisodeRunner(make(counting, max_turns=3, route_last_turn=False),
+                           {"m": _RoleScriptedEngine(tiny_model[1])}, specs, invalid_penalty=0.01, seed=0)
     results = runner.run([EpisodeRequest(f"e{i}", "g0", PROBLEM) for i in range(5)])
     assert counting.batches == [5, 5]  # two search turns, each one call for the five episodes
     for result in results:

@@ -87,7 +87,15 @@ class SystemConfig:
     malformed_verdict: str = _f(
         "approve", "Math: how a verifier output without a <verify> verdict counts: approve (reference) or reject."
     )
-    max_turns: int = _f(4, "Search: verifier-routed turns; the search agent is skipped on the last turn.")
+    max_turns: int = _f(4, "Search: router-routed turns; the search agent is skipped on the last turn.")
+    route_last_turn: bool = _f(
+        True, "Search: the router also routes the last turn, as in the reference: 'no' there ends the episode "
+        "without an answer (reward 0). false: the last turn goes straight to the answerer (router skipped).",
+    )
+    malformed_route: str = _f(
+        "answer", "Search: how a router output without a <verify>yes|no</verify> verdict counts: answer (as 'yes', "
+        "reference) or search (as 'no'). It is an invalid turn (format penalty) either way.",
+    )
     history_max_chars: int = _f(
         2000, "Search: most characters of the query/passage history shown to the agents (the newest are kept)."
     )

@@ -168,6 +168,8 @@ def _check_retrieval(cfg: DrmasConfig, errors: list[str]) -> None:
     for key in ("max_turns", "history_max_chars"):
         if getattr(cfg.system, key) < 1:
             errors.append(f"system.{key}: must be >= 1, got {getattr(cfg.system, key)}")
+    if cfg.system.malformed_route not in ("answer", "search"):
+        errors.append(f"system.malformed_route: {cfg.system.malformed_route!r} is not one of answer, search")
     e = cfg.eval
     if e.k < 1:
         errors.append(f"eval.k: must be >= 1, got {e.k}")

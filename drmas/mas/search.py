@@ -3,15 +3,16 @@
 Turn t (1..T, T = `system.max_turns`): the router reads the question and the search history and routes.
 `<verify>no</verify>` -> the searcher writes `<search>query</search>`, the retriever's top-k passages for
 that query join the history and the next turn starts; `<verify>yes</verify>` -> the answerer writes
-`<answer>...</answer>` and the episode ends. On the last turn the answerer answers directly: the search
-agent is skipped there (as in the reference), and so is the router, because once no search can follow its
-verdict could not change anything (the same reasoning drops the math verifier from the last round).
-With T = 1 an episode is a single answerer call.
+`<answer>...</answer>` and the episode ends. The search agent is skipped on the last turn (no turn could
+use what it finds). The router routes the last turn too, as in the reference (`system.route_last_turn`):
+"no" there ends the episode without an answer (reward 0), so a router that keeps saying "no" is not
+rescued by an answer it never asked for. With `route_last_turn: false` the last turn goes straight to the
+answerer (the router skipped, as the math verifier is in the last round).
 
 Malformed outputs:
-* a router reply without a yes/no verdict tag is an invalid turn and counts as "no" (keep searching): the
-  episode then still ends in an answer, at the latest on the last turn, while counting it as "yes" would
-  reward a router for skipping the format whenever an early answer happens to be right;
+* a router reply without a yes/no verdict tag is an invalid turn (format penalty); what it means for the
+  episode is `system.malformed_route`: "answer" (as "yes", the reference) or "search" (as "no"). The
+  reference's choice quietly rewards a router for skipping the format whenever an early answer is right;
 * a searcher reply without a non-empty `<search>` query is an invalid turn; nothing is retrieved and the
   history notes the failed search, so the next agents see that the turn was spent;
 * an answerer reply without `<answer>` is invalid and earns reward 0.
@@ -46,6 +47,7 @@ SEARCHER = "searcher"
 ANSWERER = "answerer"
 ROLES = (ROUTER, SEARCHER, ANSWERER)
 RETRIEVE = "retrieve"  # the tool name episodes call with a query
+MALFORMED_ANSWERS, MALFORMED_SEARCHES = "answer", "search"  # values of system.malformed_route
 
 
 class RetrievalTool:
@@ -93,6 +95,8 @@ class SearchOrchestra:
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
             raise ValueError(f"retrieval.topk must be an integer >= 1, got {topk!r}")
         self.max_turns: int = system_cfg.max_turns
+        self.route_last_turn: bool = system_cfg.route_last_turn
+        self.malformed_route: str = system_cfg.malformed_route
         self.history_max_chars: int = system_cfg.history_max_chars
         self.reward_metric: str = system_cfg.reward_metric
         self.task = task
@@ -104,18 +108,21 @@ class SearchOrchestra:
         self.roles: dict[str, RoleAgent] = {role: AGENT_ROLES.get(role)() for role in ROLES}
 
     def run(self, problem: Problem) -> EpisodeGenerator:
-        """Yield router/searcher turns until the router says yes or the last turn, then the answerer's turn."""
+        """Yield router/searcher turns until the router says yes or the last turn, then the answerer's turn
+        (none when the router said no on the last turn)."""
         episode = _Episode(context=SearchContext(history_max_chars=self.history_max_chars))
         routed_to_answer = False
         turn = 1
-        while turn < self.max_turns:  # the last turn has neither router nor searcher: it only answers
+        while turn < self.max_turns or self.route_last_turn:
             routed_to_answer = yield from self._route(problem, episode)
-            if routed_to_answer:
+            if routed_to_answer or turn == self.max_turns:
                 break
             yield from self._search(problem, episode)
             turn += 1
-        text = yield from self._call(ANSWERER, problem, episode)
-        answer = self.roles[ANSWERER].parse(text)
+        answer = None
+        if routed_to_answer or not self.route_last_turn:
+            text = yield from self._call(ANSWERER, problem, episode)
+            answer = self.roles[ANSWERER].parse(text)
         return EpisodeOutcome(
             reward=self._grade(problem, answer),
             turns=episode.turns,
@@ -133,12 +140,13 @@ class SearchOrchestra:
         )
 
     def _route(self, problem: Problem, episode: _Episode) -> Generator[AgentTurn, str, bool]:
-        """One router call; True when it says yes (answer now). A malformed verdict counts as no."""
+        """One router call; True when it says yes (answer now). A malformed verdict counts as configured."""
         text = yield from self._call(ROUTER, problem, episode)
         episode.router_calls += 1
         verdict = self.roles[ROUTER].parse(text)
         if verdict is None:
             episode.malformed_verdicts += 1
+            return self.malformed_route == MALFORMED_ANSWERS
         return verdict == YES
 
     def _search(self, problem: Problem, episode: _Episode) -> Generator[AgentTurn | ToolCall, object, None]:
@@ -187,3 +195,6 @@ def _check_system(system_cfg: SystemConfig) -> None:
     if system_cfg.history_max_chars < 1:
         raise ValueError(f"system.history_max_chars must be >= 1, got {system_cfg.history_max_chars}")
     check_metric(system_cfg.reward_metric, "system.reward_metric")
+    if system_cfg.malformed_route not in (MALFORMED_ANSWERS, MALFORMED_SEARCHES):
+        raise ValueError(f"system.malformed_route must be one of {MALFORMED_ANSWERS}, {MALFORMED_SEARCHES}, "
+                         f"got {system_cfg.malformed_route!r}")
