@@ -20,7 +20,7 @@ from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.devices import resolve_device
 from drmas.evaluation import heldout_accuracy
-from drmas.learner.advantage import compute_advantages
+from drmas.learner.advantage import step_advantages
 from drmas.learner.policy import PolicyTrainer
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.scalars import agent_scalars
@@ -140,14 +140,7 @@ class ColocatedRun:
         results = self.runner.run(requests)
         samples: list[Sample] = [s for r in results for s in r.samples]
         t_rollout = time.perf_counter() - t0
-        rewards = np.array([s.reward for s in samples])
-        agents = np.array([s.agent for s in samples])
-        self.stats.update(agents, rewards)
-        adv = compute_advantages(
-            rewards, [s.group_id for s in samples], agents, [s.episode_id for s in samples],
-            mode=cfg.algorithm.normalization, norm_by_std=cfg.algorithm.norm_by_std, eps=cfg.algorithm.eps,
-            running_stats=self.stats if cfg.algorithm.singleton_fallback else None,
-        )
+        adv = step_advantages(samples, cfg.algorithm, self.stats)
         scalars = agent_scalars(samples, adv)
         scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results]))
         for model_id, trainer in self.trainers.items():

@@ -103,6 +103,48 @@ def test_running_std_zero_uses_mean_only() -> None:
     np.testing.assert_allclose(out, [-0.1 / (1 + EPS)], rtol=1e-9)
 
 
+def _nearly_always_right() -> AgentRewardStats:
+    """An agent right 999 times in 1000: running mean 0.999, std 0.0316."""
+    stats = AgentRewardStats(window=0)
+    stats.update(["solver"] * 1000, [1.0] * 999 + [0.0])
+    return stats
+
+
+def test_singleton_clip_bounds_one_failure_of_a_nearly_always_right_agent() -> None:
+    stats = _nearly_always_right()
+    mean, std = stats.mean("solver"), stats.std("solver")
+    unbounded = compute_advantages([0.0], ["g"], ["solver"], [0], running_stats=stats)
+    assert unbounded[0] == pytest.approx(-mean / (std + EPS)) and unbounded[0] < -30
+    bounded = compute_advantages([0.0, 1.0, 0.0, 1.0], ["g", "h", "i", "i"], ["solver"] * 4, [0, 0, 0, 1],
+                                 running_stats=stats, singleton_clip=3.0)
+    # the failure is bounded, a success keeps its small advantage, a real group is never clipped
+    np.testing.assert_allclose(bounded, [-3.0, (1 - mean) / (std + EPS), -0.5 / (math.sqrt(0.5) + EPS),
+                                         0.5 / (math.sqrt(0.5) + EPS)], rtol=1e-9)
+    # the reference fallback (no statistics) is bounded too, and mean-only singletons as well
+    np.testing.assert_allclose(compute_advantages([5.0], ["g"], ["a"], [0], singleton_clip=3.0), [3.0])
+    np.testing.assert_allclose(compute_advantages([0.0], ["g"], ["solver"], [0], norm_by_std=False,
+                                                  running_stats=stats, singleton_clip=0.5), [-0.5])
+    with pytest.raises(ValueError, match="singleton_clip"):
+        compute_advantages([1.0], ["g"], ["a"], [0], singleton_clip=0.0)
+
+
+def test_step_advantages_keep_a_singletons_own_reward_out_of_its_baseline() -> None:
+    """The running statistics take a batch's rewards only after its advantages: a singleton's own reward in
+    its baseline would pull the advantage towards 0 (here from -0.75 / 0.5 to -0.6 / 0.55)."""
+    from drmas.config.schema import AlgorithmConfig
+    from drmas.learner.advantage import step_advantages
+    from drmas.protocol import Sample
+
+    stats = AgentRewardStats(window=0)
+    stats.update(["solver"] * 4, [0.0, 1.0, 1.0, 1.0])  # mean 0.75, std 0.5
+    lone = Sample(episode_id="e", group_id="g", agent="solver", model="m", turn=0, prompt_ids=[1],
+                  response_ids=[2], behaviour_logprobs=[-1.0], policy_version=0, temperature=1.0, valid=True,
+                  reward=0.0)
+    out = step_advantages([lone], AlgorithmConfig(), stats)
+    np.testing.assert_allclose(out, [-0.75 / (0.5 + EPS)], rtol=1e-12)
+    assert stats.count("solver") == 5  # ...and then it joins them
+
+
 @pytest.mark.parametrize("mode", ["global", "agent", "step_global"])
 def test_groups_do_not_mix(mode: str) -> None:
     one = adv(mode)

@@ -57,6 +57,7 @@ def test_wrong_type_names_key():
         ("models.policy.builtin=gpt5", "models.policy.builtin"),
         ("agents.solver.top_p=1.5", "agents.solver.top_p"),
         ("system.malformed_route=yes", "system.malformed_route"),
+        ("algorithm.singleton_clip=0", "algorithm.singleton_clip"),
     ],
 )
 def test_impossible_values_name_the_key(override, key):

@@ -136,7 +136,14 @@ class AlgorithmConfig:
     eps: float = _f(1e-6, "Added to the std before dividing.")
     running_stats_window: int = _f(1024, "Window (rewards per agent) of the running reward statistics; 0 = all.")
     singleton_fallback: bool = _f(
-        True, "One-sample normalisation sets use the agent's running statistics instead of mean 0 / std 1."
+        True, "One-sample normalisation sets are centred and scaled by the agent's running statistics of earlier "
+        "steps (never the sample's own reward) instead of the reference's mean 0 / std 1 (used anyway while fewer "
+        "than 2 earlier rewards are known).",
+    )
+    singleton_clip: Optional[float] = _f(
+        3.0, "Bound on |advantage| of a one-sample normalisation set (null: unbounded). Against running statistics "
+        "one failure of a nearly always right agent (mean 0.99, std 0.03) would weigh -33; bounded, it weighs -3, "
+        "about what a member of a real group of 16 can reach at most.",
     )
     clip_low: float = _f(0.2, "PPO clip: ratio lower bound is 1 - clip_low.")
     clip_high: float = _f(0.2, "PPO clip: ratio upper bound is 1 + clip_high.")

@@ -97,6 +97,8 @@ def _check_algorithm(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append("algorithm.micro_batch_size: must be >= 1")
     if alg.running_stats_window < 0:
         errors.append("algorithm.running_stats_window: must be >= 0")
+    if alg.singleton_clip is not None and not alg.singleton_clip > 0:
+        errors.append(f"algorithm.singleton_clip: must be > 0 (or null), got {alg.singleton_clip}")
 
 
 def _check_rollout_and_trainer(cfg: DrmasConfig, errors: list[str]) -> None:

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
+    from drmas.config.schema import AlgorithmConfig
     from drmas.learner.running_stats import AgentRewardStats
+    from drmas.protocol import Sample
 
 MODES = ("global", "agent", "step_global")
 _POOLED = "__all__"
@@ -64,6 +66,8 @@ def _singleton_baseline(
     The reference's mean 0 / std 1 hands out the raw reward as advantage (biased: always positive for
     0/1 rewards). The running stats of the same agent are a far better baseline once they exist. A
     running std of exactly 0 carries no scale information, so there only the mean is used (std 1).
+    `running_stats` must hold earlier rewards only (callers update it after this batch's advantages): a
+    baseline that contains the sample's own reward pulls the advantage towards 0.
     """
     mean, std = np.zeros(keys.size), np.ones(keys.size)
     if running_stats is None:
@@ -80,18 +84,26 @@ def _singleton_baseline(
 
 def _normalise(
     values: np.ndarray, codes: np.ndarray, stat_keys: np.ndarray, norm_by_std: bool, eps: float,
-    running_stats: AgentRewardStats | None,
+    running_stats: AgentRewardStats | None, singleton_clip: float | None,
 ) -> np.ndarray:
-    """Advantage of each value against the statistics of its set (sets given by `codes`)."""
+    """Advantage of each value against the statistics of its set (sets given by `codes`).
+
+    A one-element set's advantage is clipped to +-`singleton_clip`: against running statistics one
+    failure of a nearly always right agent (mean 0.99, std 0.03) would otherwise weigh -33, while no
+    member of a real group of n can exceed (n - 1) / sqrt(n) (2.5 for n = 8).
+    """
     count, mean, std = _set_moments(values, codes)
     single = count == 1
     if single.any():
         mean[single], std[single] = _singleton_baseline(stat_keys[single], running_stats)
     centred = values - mean[codes]
-    if not norm_by_std:
-        return centred
-    # where=...: with eps=0 a constant set would otherwise give 0/0 = nan instead of 0.
-    return np.divide(centred, std[codes] + eps, out=np.zeros_like(centred), where=centred != 0)
+    if norm_by_std:
+        # where=...: with eps=0 a constant set would otherwise give 0/0 = nan instead of 0.
+        centred = np.divide(centred, std[codes] + eps, out=np.zeros_like(centred), where=centred != 0)
+    if singleton_clip is not None and single.any():
+        alone = single[codes]
+        centred[alone] = np.clip(centred[alone], -singleton_clip, singleton_clip)
+    return centred
 
 
 def _validate(rewards: Any, ids: Sequence[tuple[str, Any]], mode: str, eps: float) -> np.ndarray:
@@ -114,26 +126,48 @@ def _validate(rewards: Any, ids: Sequence[tuple[str, Any]], mode: str, eps: floa
 def compute_advantages(
     rewards: Any, group_ids: Any, agent_ids: Any, traj_ids: Any, mode: str = "agent",
     norm_by_std: bool = True, eps: float = 1e-6, running_stats: AgentRewardStats | None = None,
+    singleton_clip: float | None = None,
 ) -> np.ndarray:
     """One float64 advantage per sample (agent call); see the module docstring for the modes.
 
-    `running_stats` only changes one-element normalisation sets: agent mode uses that agent's running
-    statistics, the other modes the pooled `"__all__"` entry. Trajectories are keyed by (group, traj).
+    `running_stats` (rewards of earlier batches only) and `singleton_clip` only change one-element
+    normalisation sets: agent mode uses that agent's running statistics, the other modes the pooled
+    `"__all__"` entry, and the result is bounded by +-`singleton_clip` (None: unbounded). Trajectories are
+    keyed by (group, traj).
     """
     named = (("group_ids", group_ids), ("agent_ids", agent_ids), ("traj_ids", traj_ids))
     r = _validate(rewards, named, mode, eps)
+    if singleton_clip is not None and not singleton_clip > 0:
+        raise ValueError(f"singleton_clip must be > 0 (or None), got {singleton_clip}")
     if r.size == 0:
         return np.zeros(0, dtype=np.float64)
     groups, agents, trajs = (_ids(v, n) for n, v in named)
     pooled = np.full(r.size, _POOLED)
     if mode == "agent":
         codes, first = _codes(groups, agents)
-        return _normalise(r, codes, agents[first].astype(str), norm_by_std, eps, running_stats)
+        return _normalise(r, codes, agents[first].astype(str), norm_by_std, eps, running_stats, singleton_clip)
     if mode == "step_global":
         codes, first = _codes(groups)
-        return _normalise(r, codes, pooled[first], norm_by_std, eps, running_stats)
+        return _normalise(r, codes, pooled[first], norm_by_std, eps, running_stats, singleton_clip)
     traj_codes, traj_first = _codes(groups, trajs)
     scores = _set_moments(r, traj_codes)[1]  # exact mean for constant trajectories, as for sets
     group_codes, first = _codes(groups[traj_first])
-    traj_adv = _normalise(scores, group_codes, pooled[first], norm_by_std, eps, running_stats)
+    traj_adv = _normalise(scores, group_codes, pooled[first], norm_by_std, eps, running_stats, singleton_clip)
     return traj_adv[traj_codes]
+
+
+def config_options(alg: AlgorithmConfig, stats: AgentRewardStats) -> dict[str, Any]:
+    """`compute_advantages` keyword arguments from the `algorithm` config section (mode included)."""
+    return {"mode": alg.normalization, "norm_by_std": alg.norm_by_std, "eps": alg.eps,
+            "running_stats": stats if alg.singleton_fallback else None, "singleton_clip": alg.singleton_clip}
+
+
+def step_advantages(samples: Sequence[Sample], alg: AlgorithmConfig, stats: AgentRewardStats) -> np.ndarray:
+    """Advantages of one training step's samples (each sample's group, agent and episode from the sample),
+    and only then their rewards join `stats`: a singleton's baseline must not contain its own reward."""
+    rewards = np.array([s.reward for s in samples], dtype=np.float64)
+    agents = np.array([s.agent for s in samples], dtype=str)
+    adv = compute_advantages(rewards, [s.group_id for s in samples], agents, [s.episode_id for s in samples],
+                             **config_options(alg, stats))
+    stats.update(agents, rewards)
+    return adv

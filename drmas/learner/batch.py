@@ -28,7 +28,7 @@ import numpy as np
 
 from drmas.buffer import AgentGroup, BufferConsumer
 from drmas.config.schema import AlgorithmConfig
-from drmas.learner.advantage import compute_advantages
+from drmas.learner.advantage import compute_advantages, config_options, step_advantages
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.sample_limits import SampleLimits
 from drmas.lineage import Lineage
@@ -132,24 +132,16 @@ def group_advantages(
 
     `agent` and `step_global` need only the samples at hand. `global` scores whole trajectories, including
     the calls of agents other learners train, so it normalises the buffer's `episode_scores` (every episode
-    of the group) instead of this learner's samples, then gives each sample its episode's advantage.
+    of the group) instead of this learner's samples, then gives each sample its episode's advantage. The
+    running statistics take this batch's rewards afterwards.
     """
     samples = [s for g in groups for s in g.samples]
-    rewards = np.array([s.reward for s in samples], dtype=np.float64)
-    agents = np.array([s.agent for s in samples])
-    stats.update(agents, rewards)
-    running = stats if alg.singleton_fallback else None
     if alg.normalization != "global":
-        adv = compute_advantages(
-            rewards, [s.group_id for s in samples], agents, [s.episode_id for s in samples],
-            mode=alg.normalization, norm_by_std=alg.norm_by_std, eps=alg.eps, running_stats=running,
-        )
-        return samples, adv
+        return samples, step_advantages(samples, alg, stats)
     episodes = {(g.group_id, e): score for g in groups for e, score in g.episode_scores.items()}
     keys = list(episodes)
-    episode_adv = compute_advantages(
-        [episodes[k] for k in keys], [k[0] for k in keys], ["all"] * len(keys), [k[1] for k in keys],
-        mode="global", norm_by_std=alg.norm_by_std, eps=alg.eps, running_stats=running,
-    )
+    episode_adv = compute_advantages([episodes[k] for k in keys], [k[0] for k in keys], ["all"] * len(keys),
+                                     [k[1] for k in keys], **config_options(alg, stats))
+    stats.update([s.agent for s in samples], [s.reward for s in samples])
     by_episode = dict(zip(keys, episode_adv))
     return samples, np.array([by_episode[(s.group_id, s.episode_id)] for s in samples], dtype=np.float64)
