@@ -23,7 +23,7 @@ from drmas.evaluation import heldout_accuracy
 from drmas.learner.advantage import step_advantages
 from drmas.learner.policy import PolicyTrainer
 from drmas.learner.running_stats import AgentRewardStats
-from drmas.learner.scalars import agent_scalars
+from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars
 from drmas.metrics import MetricsWriter, agent_line, spike_summary
 from drmas.protocol import Sample
 from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
@@ -142,6 +142,7 @@ class ColocatedRun:
         t_rollout = time.perf_counter() - t0
         adv = step_advantages(samples, cfg.algorithm, self.stats)
         scalars = agent_scalars(samples, adv)
+        scalars.update(reward_stats_scalars(self.stats))
         scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results]))
         for model_id, trainer in self.trainers.items():
             agents_of_model = set(assembly.trained_agents(cfg, model_id))
@@ -165,7 +166,7 @@ class ColocatedRun:
             self.engines[model_id].load_weights(trainer.named_tensors(), version=version)
 
     def summary(self) -> dict:
-        out = {"steps": self.step, "accuracy": dict(self.accuracy)}
+        out = {"steps": self.step, "accuracy": dict(self.accuracy), "reward_stats": agent_reward_stats(self.stats)}
         for key, values in self.history.items():
             if key.startswith("grad_norm/") and key.count("/") == 1:
                 out[key] = spike_summary(values)

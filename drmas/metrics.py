@@ -72,6 +72,12 @@ def agent_line(step: int, scalars: Mapping[str, float], agents: list[str], model
     return " | ".join(parts)
 
 
+def reward_stats_line(stats: Mapping[str, Mapping[str, float]]) -> str:
+    """Running reward statistics of each agent on one line ({agent: {"mean", "std", "count"}})."""
+    return " | ".join(f"{agent}: mean={v['mean']:.3f} std={v['std']:.3f} count={int(v['count'])}"
+                      for agent, v in stats.items()) or "none yet"
+
+
 def spike_summary(values: list[float], factor: float = 3.0) -> dict[str, float]:
     """Median, max and the number of steps whose value exceeds `factor` x the running median of the
     steps before it: the gradient-spike count used to compare normalisation modes."""

@@ -1,5 +1,5 @@
-"""The end-of-run summary table (rich): per-agent advantage scale, per-model gradient-norm stability,
-held-out accuracy before and after training."""
+"""The end-of-run summary table (rich): per-agent advantage scale and running reward statistics, per-model
+gradient-norm stability, held-out accuracy before and after training."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ def print_summary(summary: dict, cfg) -> None:
         key = f"advantage/{agent}/sq_mean"
         if key in summary:
             table.add_row(f"mean A^2 ({agent})", f"{summary[key]:.3f}")
+    for agent, stats in summary.get("reward_stats", {}).items():
+        table.add_row(f"running reward ({agent}) mean / std / count",
+                      f"{stats['mean']:.3f} / {stats['std']:.3f} / {int(stats['count'])}")
     for key, stats in summary.items():
         if key.startswith("grad_norm/"):
             table.add_row(f"{key} median / max / spikes>3x", f"{stats['median']:.3f} / {stats['max']:.3f} / {int(stats['spikes'])}")

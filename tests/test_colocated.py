@@ -14,6 +14,7 @@ import torch
 from drmas.colocated import ColocatedRun
 from drmas.config import load_config
 from drmas.metrics import read_metrics
+from tb_events import tensorboard_scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -44,6 +45,25 @@ def test_steps_change_weights_and_engine_follows(tmp_path):
     engine_weights = dict(engine.model.named_parameters())
     for name, p in trainer.model.named_parameters():
         assert torch.equal(engine_weights[name].data, p.data), f"engine has stale {name}"
+
+
+def test_running_reward_statistics_reach_tensorboard_and_the_summary(tmp_path, capsys):
+    from drmas.report import print_summary
+
+    cfg = load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'run'}", "logging.tensorboard=true", "trainer.steps=2",
+                              "eval.n_problems=0", "models.policy.tiny.prime_steps=0"])
+    run = ColocatedRun(cfg, log=lambda *_: None)
+    summary = run.run()
+    scalars = tensorboard_scalars(tmp_path / "run" / "tensorboard")
+    for agent in ("solver", "verifier"):
+        counts = [value for _, value in scalars[f"reward_stats/{agent}/count"]]
+        assert len(counts) == 2 and 0 < counts[0] < counts[1] == run.stats.count(agent)
+        assert scalars[f"reward_stats/{agent}/mean"][-1] == (2, pytest.approx(run.stats.mean(agent)))
+        assert f"reward_stats/{agent}/std" in scalars
+        assert summary["reward_stats"][agent]["count"] == counts[-1]
+    print_summary(summary, cfg)
+    printed = capsys.readouterr().out
+    assert "running reward (solver) mean / std / count" in printed and "running reward (verifier)" in printed
 
 
 def test_engine_logprobs_match_learner_on_same_weights(tmp_path):

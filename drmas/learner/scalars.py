@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
+from drmas.learner.running_stats import ALL, AgentRewardStats
 from drmas.protocol import Sample
 from drmas.staleness import version_lag
 
@@ -36,6 +37,19 @@ def agent_scalars(samples: Sequence[Sample], adv: np.ndarray) -> dict[str, float
         out[f"calls/{agent}"] = float(len(idx))
         out[f"response_tokens/{agent}/mean"] = float(np.mean([len(samples[i].response_ids) for i in idx]))
     return out
+
+
+def agent_reward_stats(stats: AgentRewardStats) -> dict[str, dict[str, float]]:
+    """{agent: {"mean", "std", "count"}} of the running reward statistics, without the pooled key."""
+    return {agent: values for agent, values in stats.summary().items() if agent != ALL}
+
+
+def reward_stats_scalars(stats: AgentRewardStats) -> dict[str, float]:
+    """`reward_stats/<agent>/mean|std|count` of the running statistics: each agent's reward level and spread
+    over the window, i.e. what agent-wise normalisation corrects for and what singleton sets are scaled by
+    (std is nan until an agent has two rewards)."""
+    return {f"reward_stats/{agent}/{name}": value
+            for agent, values in agent_reward_stats(stats).items() for name, value in values.items()}
 
 
 def staleness_scalars(

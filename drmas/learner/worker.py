@@ -39,9 +39,9 @@ from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, rep
 from drmas.learner.policy import PolicyTrainer
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.sample_limits import SampleLimits
-from drmas.learner.scalars import agent_scalars, staleness_scalars
+from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars, staleness_scalars
 from drmas.lineage import Lineage
-from drmas.metrics import MetricsWriter, agent_line
+from drmas.metrics import MetricsWriter, agent_line, reward_stats_line
 from drmas.process import StopFlag, add_log_file
 from drmas.run_dir import claim_output_dir
 from drmas.weights import WeightSender
@@ -141,6 +141,8 @@ class LearnerWorker:
             if self.version != self.saved_version:
                 self._save()
             writer.close()
+            log.info("running reward statistics at version %d: %s", self.version,
+                     reward_stats_line(agent_reward_stats(self.stats)))
             self.sender.close()
             self.consumer.close()
         return self.version
@@ -155,6 +157,7 @@ class LearnerWorker:
         try:
             samples, adv = group_advantages(batch.groups, self.cfg.algorithm, self.stats)
             scalars = agent_scalars(samples, adv)
+            scalars.update(reward_stats_scalars(self.stats))
             stale, hists = staleness_scalars(samples, self.version)
             scalars.update(stale)
         except Exception as exc:
