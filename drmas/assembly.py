@@ -19,6 +19,7 @@ def register_builtins() -> None:
     """Import the modules whose import registers the built-in engines, orchestras and tasks."""
     import drmas.engines.embedded  # noqa: F401
     import drmas.mas.math  # noqa: F401
+    import drmas.mas.revise  # noqa: F401
     import drmas.mas.search  # noqa: F401
     import drmas.tasks  # noqa: F401
 
