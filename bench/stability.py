@@ -1,0 +1,261 @@
+"""Training stability of agent-wise (Dr. MAS) vs global (GRPO) vs step-level global advantage normalisation.
+
+The paper's claim: under one global baseline, agent k's advantages have the second moment
+E[A_k^2] = (sigma_k^2 + (mu_k - mu)^2) / sigma^2 instead of about 1, which inflates that agent's gradient
+and makes gradient norms spike; agent-wise normalisation keeps both tame. This benchmark trains the same
+config with the same seeds under `agent`, `global` and `step_global` in the single-process loop
+(drmas.colocated: deterministic, no sockets) and reports, per mode (mean and spread over seeds):
+- per agent: mu_k and sigma_k of the call rewards; E[A^2] measured over the calls whose normalisation set
+  has spread (non-zero std); what the formula predicts for `global` on the same calls (with its spread and
+  offset terms); E[A^2] over all calls as trained (singletons and constant sets included);
+- per model: grad-norm (pre-clip) median, max and share of steps above 3x the running median;
+- the training reward curve and held-out accuracy before and after training.
+Statistics are defined in `bench/stability_stats.py`; the picture is drawn by `bench/stability_plot.py`.
+
+The setting (`configs/stability.yaml`, "tiny"): the math_revise system (drmas/mas/revise.py), a solver and
+a reviser on separate tiny format-primed models with one optimiser each; the reviser is called only when
+the task's checker finds the solver's answer wrong, so its calls' reward distribution differs from the
+solver's by construction. The math system (solver + verifier) was tried first and does not give this with
+tiny models: a 15-step pilot with separate models, 3 rounds, measured equal reward levels for both agents
+(global E[A^2] 0.748 / 0.745, offset terms <= 0.03): an untrained verifier's verdict is unrelated to
+correctness and approves ~97% of answers. Sums of two numbers 1..6 keep answers in the range the tiny
+models were primed to write, so rewards vary within groups. Seeds are `trainer.seed` (problem order,
+sampling, initial RNG); the two tiny models' weights are the same for every seed. "smollm2" is the same
+workflow with SmolLM2-135M-Instruct as both models (two copies, two optimisers): a shorter real-model run.
+
+    python bench/stability.py --quick --out runs/stability_quick            # < 5 min on 2 cores
+    python bench/stability.py --out runs/stability --png docs/stability.png  # full: 3 seeds x 120 steps x 3 modes
+    python bench/stability.py --setting smollm2 --out runs/stability_smollm2
+    python bench/stability.py --replot runs/stability [--png docs/stability.png]   # table + plot from the JSON
+
+Extra `key=value` arguments override the config of every run. Runs go to OUT/<mode>/seed<N>/ (metrics.jsonl,
+TensorBoard); the figures to OUT/stability.json and OUT/stability.md (also printed) and the plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stability_stats import (measured_second_moment, over_seeds, predicted_second_moment,  # noqa: E402
+                             set_view, spike_share)
+
+MODES = ("agent", "global", "step_global")
+SETTINGS = {
+    "tiny": {"config": "configs/stability.yaml", "seeds": 3, "steps": 120, "quick_seeds": 2, "quick_steps": 15},
+    "smollm2": {"config": "configs/stability_smollm2.yaml", "seeds": 1, "steps": 8, "quick_seeds": 1,
+                "quick_steps": 2},
+}
+
+
+class RecordingRunner:
+    """Stands in for the loop's episode runner: runs the real one and keeps each step's calls (agent, group,
+    episode, reward), which is all the statistics need; the loop itself is unchanged."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self.steps: list[dict[str, list]] = []
+
+    def run(self, requests):
+        results = self.runner.run(requests)
+        calls = [s for r in results for s in r.samples]
+        self.steps.append({"agent": [s.agent for s in calls], "group": [s.group_id for s in calls],
+                           "episode": [s.episode_id for s in calls], "reward": [float(s.reward) for s in calls]})
+        return results
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+
+def second_moments(mode: str, calls: dict[str, list]) -> dict[str, dict]:
+    """Per agent: E[A^2] of `mode`'s advantages over calls in sets with spread, and the global formula."""
+    from drmas.learner.advantage import compute_advantages
+
+    args = (calls["reward"], calls["group"], calls["agent"], calls["episode"])
+    adv = compute_advantages(*args, mode=mode)  # sets with spread never use running statistics
+    measured = measured_second_moment(adv, calls["agent"], set_view(mode, *args))
+    predicted = predicted_second_moment(calls["agent"], set_view("global", *args))
+    return {a: {**predicted[a], "measured": measured[a]["sq_mean"], "measured_calls": measured[a]["calls"]}
+            for a in measured}
+
+
+def train_one(config: str, mode: str, seed: int, steps: int, overrides: list[str], out: str) -> dict:
+    """Train one (mode, seed) run colocated and return its figures and per-step series."""
+    from drmas.colocated import ColocatedRun
+    from drmas.config import load_config
+    from drmas.metrics import read_metrics
+
+    cfg = load_config(config, [*overrides, f"algorithm.normalization={mode}", f"trainer.seed={seed}",
+                               f"trainer.steps={steps}", f"trainer.output_dir={out}", "trainer.overwrite=true",
+                               "logging.progress_bar=false", "logging.console_every=0"])
+    start = time.monotonic()
+    run = ColocatedRun(cfg, log=lambda *_: None)
+    recorder = RecordingRunner(run.runner)
+    run.runner = recorder
+    summary = run.run()
+    wall = time.monotonic() - start
+    records = [r for r in read_metrics(Path(out) / "metrics.jsonl") if "episode/reward_mean" in r]
+    agents, models = list(cfg.agents), list(run.trainers)
+    pooled = {k: [v for step in recorder.steps for v in step[k]] for k in ("agent", "group", "episode", "reward")}
+    per_step = [second_moments(mode, step) for step in recorder.steps]
+    rewards = np.asarray(pooled["reward"])
+    who = np.asarray(pooled["agent"])
+    moments = second_moments(mode, pooled)
+    return {
+        "mode": mode, "seed": seed, "steps": len(records), "wall_s": wall, "accuracy": summary.get("accuracy", {}),
+        "agents": {a: {"mu": float(rewards[who == a].mean()), "sigma": float(rewards[who == a].std()),
+                       "calls_per_step": float((who == a).sum() / max(len(records), 1)),
+                       **moments.get(a, {}),
+                       "sq_mean_all_calls": _mean([r.get(f"advantage/{a}/sq_mean") for r in records])}
+                   for a in agents},
+        "models": {m: spike_share([_finite(r.get(f"grad_norm/{m}")) for r in records]) for m in models},
+        "series": {
+            "reward": [r["episode/reward_mean"] for r in records],
+            "calls": {a: [float(step["agent"].count(a)) for step in recorder.steps] for a in agents},
+            "grad_norm": {m: [_finite(r.get(f"grad_norm/{m}")) for r in records] for m in models},
+            "sq_mean": {a: [s.get(a, {}).get("measured", math.nan) for s in per_step] for a in agents},
+            "global_formula": {a: [s.get(a, {}).get("predicted", math.nan) for s in per_step] for a in agents},
+        },
+    }
+
+
+def _finite(value) -> float:
+    return float(value) if value is not None else math.nan
+
+
+def _mean(values) -> float:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """Mean and spread over seeds of every figure, per mode (agent and model figures per agent / model)."""
+    out: dict[str, dict] = {}
+    for mode in MODES:
+        mine = [r for r in runs if r["mode"] == mode]
+        if not mine:
+            continue
+        first = mine[0]
+        tail = max(1, min(20, first["steps"] // 5))
+        out[mode] = {
+            "seeds": [r["seed"] for r in mine],
+            "agents": {a: {k: over_seeds([r["agents"][a].get(k, math.nan) for r in mine])
+                           for k in ("mu", "sigma", "calls_per_step", "measured", "predicted", "spread_term",
+                                     "offset_term", "sq_mean_all_calls")} for a in first["agents"]},
+            "models": {m: {k: over_seeds([r["models"][m][k] for r in mine]) for k in ("median", "max", "spike_share")}
+                       for m in first["models"]},
+            "reward_first": over_seeds([_mean(r["series"]["reward"][:tail]) for r in mine]),
+            "reward_last": over_seeds([_mean(r["series"]["reward"][-tail:]) for r in mine]),
+            "reward_window": tail,
+            "accuracy_before": over_seeds([r["accuracy"].get("before", math.nan) for r in mine]),
+            "accuracy_after": over_seeds([r["accuracy"].get("after", math.nan) for r in mine]),
+            "wall_s": over_seeds([r["wall_s"] for r in mine]),
+        }
+    return out
+
+
+def _cell(stat: dict, digits: int = 3) -> str:
+    if not stat or stat.get("n", 0) == 0:
+        return "n/a"
+    return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}" if stat["n"] > 1 else f"{stat['mean']:.{digits}f}"
+
+
+def markdown(result: dict) -> str:
+    """The three tables of the report: per agent, per model, per mode."""
+    agg, meta = result["summary"], result["meta"]
+    lines = [f"setting `{meta['setting']}` ({meta['config']}), seeds {meta['seeds']}, {meta['steps']} steps per run, "
+             f"wall {meta['wall_s'] / 60:.1f} min ({meta['jobs']} runs at a time), commit {meta['commit'][:10]}",
+             "", "| mode | agent | mu_k | sigma_k | calls/step | E[A^2] measured (sets with spread) | "
+             "global formula (spread + offset) | E[A^2] all calls |", "|---|---|---|---|---|---|---|---|"]
+    for mode, m in agg.items():
+        for agent, a in m["agents"].items():
+            formula = f"{_cell(a['predicted'])} ({_cell(a['spread_term'], 2)} + {_cell(a['offset_term'], 2)})"
+            lines.append(f"| `{mode}` | {agent} | {_cell(a['mu'])} | {_cell(a['sigma'])} | {_cell(a['calls_per_step'], 1)} "
+                         f"| {_cell(a['measured'])} | {formula} | {_cell(a['sq_mean_all_calls'])} |")
+    lines += ["", "| mode | model | grad norm median | grad norm max | share of steps > 3x running median |",
+              "|---|---|---|---|---|"]
+    for mode, m in agg.items():
+        for model, g in m["models"].items():
+            lines.append(f"| `{mode}` | {model} | {_cell(g['median'])} | {_cell(g['max'])} | {_cell(g['spike_share'])} |")
+    lines += ["", "| mode | train reward, first steps | train reward, last steps | held-out acc. before | after | wall per run (s) |",
+              "|---|---|---|---|---|---|"]
+    for mode, m in agg.items():
+        lines.append(f"| `{mode}` | {_cell(m['reward_first'])} | {_cell(m['reward_last'])} | {_cell(m['accuracy_before'])} "
+                     f"| {_cell(m['accuracy_after'])} | {_cell(m['wall_s'], 0)} |")
+    lines.append(f"\n(first/last steps = mean episode reward over the first/last {next(iter(agg.values()))['reward_window']} "
+                 "steps; mean ± sample std over seeds)")
+    return "\n".join(lines)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def write_outputs(result: dict, out: Path, png: Path | None) -> None:
+    (out / "stability.json").write_text(json.dumps(result, indent=1, allow_nan=True))
+    table = markdown(result)
+    (out / "stability.md").write_text(table + "\n")
+    print(table)
+    if png is not None:
+        from stability_plot import plot
+
+        plot(result, png)
+        print(f"\nplot: {png}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="tiny")
+    parser.add_argument("--config", help="config file (default: the setting's)")
+    parser.add_argument("--quick", action="store_true", help="fewer seeds and steps, same figures")
+    parser.add_argument("--seeds", type=int, help="number of seeds (0..N-1)")
+    parser.add_argument("--steps", type=int, help="optimizer steps per run")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--jobs", type=int, default=2, help="runs trained at the same time (one process each)")
+    parser.add_argument("--out", default="runs/stability")
+    parser.add_argument("--png", help="where the plot goes (default OUT/stability.png)")
+    parser.add_argument("--replot", metavar="OUT", help="only redo the table and plot from OUT/stability.json")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    if args.replot:
+        out = Path(args.replot)
+        write_outputs(json.loads((out / "stability.json").read_text()), out, Path(args.png or out / "stability.png"))
+        return
+    setting = SETTINGS[args.setting]
+    seeds = args.seeds or setting["quick_seeds" if args.quick else "seeds"]
+    steps = args.steps or setting["quick_steps" if args.quick else "steps"]
+    config = args.config or setting["config"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(config, mode, seed, steps, args.overrides, str(out / mode / f"seed{seed}"))
+            for seed in range(seeds) for mode in args.modes.split(",")]
+    start = time.monotonic()
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(train_one, *job) for job in jobs]
+        runs = []
+        for job, future in zip(jobs, futures):
+            runs.append(future.result())
+            print(f"done {job[1]} seed {job[2]}: {runs[-1]['wall_s']:.0f} s", flush=True)
+    meta = {"setting": args.setting, "config": config, "seeds": list(range(seeds)), "steps": steps,
+            "overrides": args.overrides, "quick": args.quick, "jobs": args.jobs, "wall_s": time.monotonic() - start,
+            "commit": _commit(), "cpus": os.cpu_count()}
+    write_outputs({"meta": meta, "summary": aggregate(runs), "runs": runs}, out, Path(args.png or out / "stability.png"))
+
+
+if __name__ == "__main__":
+    main()
