@@ -5,8 +5,9 @@
 #
 #   bash scripts/gpu_check.sh            # installs vLLM (CUDA build) if it is missing: needs PyPI access
 #
-# With two GPUs or more the learner of each model takes its own GPU and weights travel over NCCL; with one
-# GPU, learner and rollout share it and weights travel over gloo (NCCL refuses two ranks on one device).
+# With two GPUs or more the learners take GPU 1 and the rollout's in-process vLLM engines GPU 0, and weights
+# travel over NCCL (straight into the engine's worker); with one GPU, learners and rollout share it and weights
+# travel over gloo (NCCL refuses two ranks on one device).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -18,7 +19,7 @@ $PY -c "import drmas" 2>/dev/null || $PY -m pip install -q -e .
 GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
 [ "$GPUS" -ge 1 ] || { echo "gpu_check: no CUDA device visible" >&2; exit 2; }
 if [ "$GPUS" -ge 2 ]; then
-  PLACE=(models.solver_model.device=cuda:0 models.verifier_model.device=cuda:1 pipeline.weights.backend=nccl)
+  PLACE=(models.solver_model.device=cuda:1 models.verifier_model.device=cuda:1 pipeline.weights.backend=nccl)
 else
   PLACE=(models.solver_model.device=cuda:0 models.verifier_model.device=cuda:0 pipeline.weights.backend=gloo)
 fi

@@ -13,6 +13,11 @@ What drmas needs from an engine and how vLLM is made to give it:
   extension (`drmas.engines.vllm_worker`); the prefix cache is reset after every load (cached KV of the
   old weights must not serve the new ones). A load never lands while a request is in progress (the rollout
   drains or aborts them first, see `in_progress`), so no response mixes versions.
+* **Weights straight into the workers.** When the workers are not one object in this process (tensor or
+  pipeline parallelism, or a GPU), each worker joins the learner's pair group and receives the broadcasts
+  itself (`weight_ranks`, `connect_weights`, `receive_weights`: the `WorkerReceivers` side of
+  `drmas.weights.member`), NCCL into GPU memory when the learner sends CUDA tensors; each tensor-parallel
+  worker loads the full tensors and keeps its shard.
 * **Request level.** `submit` / `step` are vLLM's own `add_request` / `step`: continuous batching, each
   request returned the step it finishes, so a multi-turn driver can submit an episode's next turn at once.
 * **The same responses as the embedded engine.** Token ids include the final EOS (it is trained on); the
@@ -37,9 +42,12 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import msgspec
 import torch
 
 from drmas.engines.base import Generation, SamplingParams, check_request
+from drmas.weights.chunks import Layout
+from drmas.weights.member import PairSpec
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +96,11 @@ class VLLMEngine:
     _open = 0  # engines of this process not closed yet: in-process vLLM keeps its parallel state global
 
     def __init__(self, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64,
-                 seed: int = 0, engine_args: Mapping[str, Any] | None = None, *, ignore_eos: bool = False) -> None:
-        """`ignore_eos` runs every response to max_new_tokens (benchmarks comparing equal work)."""
+                 seed: int = 0, engine_args: Mapping[str, Any] | None = None, *, ignore_eos: bool = False,
+                 receive_in_workers: bool | None = None) -> None:
+        """`ignore_eos` runs every response to max_new_tokens (benchmarks comparing equal work).
+        `receive_in_workers`: the workers receive pushed weights themselves (None: when there are several
+        workers or they run on a GPU; else this process receives and hands them over by reference)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from vllm import LLM
@@ -109,6 +120,11 @@ class VLLMEngine:
         if torch.get_num_threads() != threads:
             _SET_NUM_THREADS(threads)
         self._max_len = self._llm.llm_engine.model_config.max_model_len
+        parallel = self._llm.llm_engine.vllm_config.parallel_config
+        workers = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+        if receive_in_workers is None:
+            receive_in_workers = workers > 1 or not current_platform.is_cpu()
+        self._weight_ranks = workers if receive_in_workers else 0
         self._eos_ids = _eos_ids(self._llm, self.tokenizer)
         self._ignore_eos = ignore_eos
         self._version = 0
@@ -144,6 +160,25 @@ class VLLMEngine:
         self._llm.collective_rpc("drmas_load_weights", args=(iter(named_tensors),))
         self._llm.reset_prefix_cache()
         self._version, self._incarnation = int(version), incarnation
+
+    def weight_ranks(self) -> int:
+        """Receiving ranks for the learner's pair group: one per worker, or 0 (this process receives and
+        calls `load_weights`)."""
+        return self._weight_ranks
+
+    def connect_weights(self, spec: PairSpec) -> None:
+        self._llm.collective_rpc("drmas_weights_connect", args=(msgspec.msgpack.encode(spec),))
+
+    def receive_weights(self, pair_id: str, layout: Layout, version: int, incarnation: str = "") -> None:
+        """Every worker receives the update over the pair and loads it; then the prefix cache is reset and
+        later responses are stamped with `version` and `incarnation`."""
+        self._llm.collective_rpc("drmas_weights_receive", args=(pair_id, msgspec.msgpack.encode(layout)))
+        self._llm.reset_prefix_cache()
+        self._version, self._incarnation = int(version), incarnation
+
+    def close_weights(self, pair_id: str) -> None:
+        if self._llm is not None:
+            self._llm.collective_rpc("drmas_weights_close", args=(pair_id,))
 
     # -------------------------------------------------------------------------------------- generate
 

@@ -40,6 +40,7 @@ from drmas.process import StopFlag
 from drmas.rollout.episodes import EpisodeRequest, EpisodeResult, EpisodeRunner
 from drmas.tasks.sampler import ProblemSampler
 from drmas.weights import WeightReceiver
+from drmas.weights.member import receiving_workers
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ class RolloutWorker:
         self.receivers = {
             m: WeightReceiver.from_config(cfg.pipeline.weights, learner_endpoint(cfg, m), self.name,
                                           self.engines[m].load_weights, model=m,
-                                          curve=cfg.pipeline.buffer.client_curve())
+                                          curve=cfg.pipeline.buffer.client_curve(),
+                                          workers=receiving_workers(self.engines[m]))
             for m in assembly.trained_models(cfg)
         }
         # the buffer keys leases and unfinished groups by producer: a restarted rollout of the same index must
@@ -199,6 +201,7 @@ class RolloutWorker:
         """Load announced weights into idle engines. An engine with requests in progress is held until they
         finish (`can_wait`: the stream goes on stepping), or else its requests are aborted, to be redone."""
         for model, receiver in self.receivers.items():
+            receiver.run_engine_jobs()  # an engine whose workers receive builds or drops its pair ends here
             if not receiver.has_pending():
                 self.runner.release(model)
                 continue

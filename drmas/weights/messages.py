@@ -10,7 +10,7 @@ Sequence for one receiver::
     rollout                              learner
     Join(receiver_id, model, nonce)  ->
                                      <-  Welcome(nonce, pair_id, store address, backend, timeouts)
-    (both build the pair group on the learner's TCPStore under the pair's prefix)
+    (the learner and the rollout's receiving ranks build the pair group on the learner's TCPStore)
     Heartbeat(pair_id)               ->  (every heartbeat_s)
                                      <-  HeartbeatReply(pair_id)
                                      <-  Manifest(pair_id, version, layout)   (join sync or push)
@@ -29,16 +29,24 @@ import msgspec
 
 from drmas.weights.chunks import Layout
 
-PROTOCOL_VERSION = 1
+# 2: Join.ranks (a rollout may bring several receiving ranks); a learner of protocol 1 would build a
+# two-rank group for them and hang, so the versions refuse each other.
+PROTOCOL_VERSION = 2
+MAX_RANKS = 1024  # receiving ranks one rollout may bring (vLLM workers: tensor x pipeline parallel size)
 
 
 class Join(msgspec.Struct, tag="join", frozen=True):
-    """A rollout asks to receive the weights of ``model`` ('' matches any learner)."""
+    """A rollout asks to receive the weights of ``model`` ('' matches any learner).
+
+    ``ranks`` is how many members the rollout brings to the pair group: 1 when the rollout process receives
+    itself, N when an engine's N workers receive directly (ranks 1..N of the group).
+    """
 
     receiver_id: str
     model: str
     nonce: int  # distinguishes this attempt's Welcome from answers to earlier attempts
     protocol: int = PROTOCOL_VERSION
+    ranks: int = 1
 
 
 class Welcome(msgspec.Struct, tag="welcome", frozen=True):

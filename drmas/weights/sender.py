@@ -86,6 +86,7 @@ class _Peer:
     routing_id: bytes
     pair_id: str
     last_seen: float
+    ranks: int = 1  # receiving ranks the rollout brings (the group has 1 + ranks members)
     pair: PairGroup | None = None  # set once the group is built (the peer is then "connected")
     busy: bool = False  # a transfer is using the pair: only that transfer may close it
     drop_reason: str | None = None
@@ -639,10 +640,13 @@ class WeightSender:
         if self.model and join.model and join.model != self.model:
             self._reply(routing_id, msg.Refuse(join.nonce, f"this learner serves {self.model!r}, not {join.model!r}"))
             return
+        if not 1 <= join.ranks <= msg.MAX_RANKS:
+            self._reply(routing_id, msg.Refuse(join.nonce, f"ranks must be 1..{msg.MAX_RANKS}, got {join.ranks}"))
+            return
         pair_id = f"{self._incarnation}-{next(self._pair_counter)}"
         if self._curve is not None:
             pair_id += f"-{secrets.token_hex(16)}"  # unguessable store keys (see __init__)
-        peer = _Peer(join.receiver_id, routing_id, pair_id, last_seen=time.monotonic())
+        peer = _Peer(join.receiver_id, routing_id, pair_id, last_seen=time.monotonic(), ranks=join.ranks)
         self._registry.add(peer)
         cfg = self.config
         store_host = self.bind_host if self.bind_host not in WILDCARD_HOSTS else ""
@@ -658,7 +662,8 @@ class WeightSender:
         """Build the learner's end of ``peer``'s pair group (connect thread)."""
         local = self.bind_host if self.bind_host not in WILDCARD_HOSTS else ""
         try:
-            pair = PairGroup.connect(self._store, peer.pair_id, 0, self.backend, self.config.timeout_s, local)
+            pair = PairGroup.connect(self._store, peer.pair_id, 0, self.backend, self.config.timeout_s, local,
+                                     world_size=1 + peer.ranks)
         except PairError as error:
             self._registry.drop(peer, str(error))
             return

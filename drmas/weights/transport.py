@@ -1,9 +1,10 @@
 """The two transports of the weight channel, each kept small so the sender and receiver read as protocol only.
 
-- `PairGroup`: a two-member torch.distributed process group (learner rank 0, one rollout rank 1), built
-  directly on the learner's TCPStore under a per-pair prefix, with no global world. One group per rollout
-  makes join/leave trivial (nothing else is resized) and isolates failures: a dead rollout breaks only its
-  own group, which is then thrown away.
+- `PairGroup`: a torch.distributed process group of the learner (rank 0) and one rollout's receiving ranks
+  (rank 1 = the rollout process itself, or ranks 1..N = the N workers of an engine that receive in their
+  workers, e.g. vLLM with tensor parallelism), built directly on the learner's TCPStore under a per-pair
+  prefix, with no global world. One group per rollout makes join/leave trivial (nothing else is resized)
+  and isolates failures: a dead rollout breaks only its own group, which is then thrown away.
 - `Outbox`: lets several threads queue control messages for a ZeroMQ socket that one thread owns (ZeroMQ
   sockets are not thread-safe), waking that thread's poller at once.
 """
@@ -83,7 +84,7 @@ def _nccl_error_handling_without_teardown() -> Iterator[None]:
 
 
 class PairGroup:
-    """A two-rank process group used for broadcasts from rank 0 (the learner) to rank 1 (a rollout)."""
+    """A process group used for broadcasts from rank 0 (the learner) to the ranks of one rollout."""
 
     def __init__(self, group: dist.ProcessGroup, backend: str, device: torch.device, timeout_s: float) -> None:
         self._group: dist.ProcessGroup | None = group
@@ -93,9 +94,11 @@ class PairGroup:
 
     @classmethod
     def connect(
-        cls, store: dist.Store, pair_id: str, rank: int, backend: str, timeout_s: float, local_host: str = ""
+        cls, store: dist.Store, pair_id: str, rank: int, backend: str, timeout_s: float, local_host: str = "",
+        world_size: int = 2,
     ) -> PairGroup:
-        """Build the group (blocks until the other rank does the same, or raises PairError after the timeout).
+        """Build the group (blocks until all ``world_size`` ranks do the same, or raises PairError after the
+        timeout).
 
         ``local_host`` is the address gloo advertises to the peer ('' = gloo's default for this host).
         Ends with a one-element broadcast so both sides know the pair works before it is registered (NCCL
@@ -110,14 +113,14 @@ class PairGroup:
                 gloo = dist.ProcessGroupGloo
                 device = gloo.create_device(hostname=local_host) if local_host else gloo.create_default_device()
                 options._devices = [device]
-                group = dist.ProcessGroupGloo(prefixed, rank, 2, options)
+                group = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
                 pair = cls(group, backend, torch.device("cpu"), timeout_s)
             elif backend == "nccl":
                 options = dist.ProcessGroupNCCL.Options()
                 options._timeout = timeout
                 options.is_high_priority_stream = False
                 with _nccl_error_handling_without_teardown():
-                    group = dist.ProcessGroupNCCL(prefixed, rank, 2, options)
+                    group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
                 pair = cls(group, backend, torch.device("cuda", torch.cuda.current_device()), timeout_s)
             else:
                 raise ValueError(f"unknown backend {backend!r}")
@@ -132,7 +135,7 @@ class PairGroup:
         return pair
 
     def broadcast(self, tensor: torch.Tensor) -> dist.Work:
-        """Start broadcasting ``tensor`` from rank 0 into rank 1's ``tensor`` (same size on both)."""
+        """Start broadcasting ``tensor`` from rank 0 into the other ranks' ``tensor`` (same size on all)."""
         if self._group is None:
             raise PairError("pair is closed")
         options = dist.BroadcastOptions()
