@@ -223,9 +223,12 @@ class BufferProducer(_Client):
     def unacked(self) -> int:
         return len(self._unacked)
 
-    def send_episode(self, group_id: str, group_size: int, episode_id: str, samples: Sequence[Sample]) -> int:
+    def send_episode(self, group_id: str, group_size: int, episode_id: str, samples: Sequence[Sample],
+                     frozen_rewards: Sequence[float] = ()) -> int:
         """Queue one finished episode; returns its seq. Waits (up to `timeout_s`) only for window credit.
 
+        `frozen_rewards`: the rewards of the episode's calls that are not sent (agents no learner trains);
+        they still count in its trajectory score and its group's pooled rewards.
         A TimeoutError here means the episode was *not* sent (the buffer stayed full or unreachable);
         calling again later retries it.
         """
@@ -233,7 +236,7 @@ class BufferProducer(_Client):
         seq = next(self._seq)
         message = EpisodeMsg(
             producer=self.producer_id, seq=seq, group_id=group_id, group_size=group_size,
-            episode_id=episode_id, samples=list(samples),
+            episode_id=episode_id, samples=list(samples), frozen_rewards=[float(r) for r in frozen_rewards],
         )
         self._send(message)
         self._unacked[seq] = episode_id

@@ -46,6 +46,7 @@ AgentName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 # A drop reason becomes a metric name (`buffer/learner_dropped/<reason>`): a short code, not free text.
 DropReason = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9_]{1,48}$")]
 WaitMs = Annotated[int, msgspec.Meta(ge=0, le=3_600_000)]
+FrozenRewards = Annotated[list[Finite], msgspec.Meta(max_length=_LIMIT)]
 
 
 class MessageError(ValueError):
@@ -75,6 +76,9 @@ class EpisodeMsg(_Message):
     group_size: Count  # episodes the group will have; the group is complete when all arrived
     episode_id: Name
     samples: list[Sample]
+    # rewards of the episode's calls not sent (agents no learner trains): they count in the trajectory score
+    # and in the group's pooled rewards as in the colocated loop, which trains on the same episodes
+    frozen_rewards: FrozenRewards = []
 
 
 class AdmitRequest(_Message):
@@ -163,7 +167,9 @@ class AgentGroup(msgspec.Struct, kw_only=True):
     """One agent's samples within one complete GRPO group (never split across deliveries).
 
     `episode_scores` maps every episode of the group to its trajectory score (mean reward of all its
-    samples, all agents), so a learner can compute `global` GRPO advantages as well as per-agent ones.
+    calls, all agents, frozen ones included), and `group_rewards` holds the reward of every call of the
+    group (empty from an older buffer), so a learner can compute `global` GRPO and `step_global`
+    advantages over the whole group as well as per-agent ones.
     """
 
     group_id: str
@@ -171,6 +177,7 @@ class AgentGroup(msgspec.Struct, kw_only=True):
     model: str
     samples: list[Sample]
     episode_scores: dict[str, float]
+    group_rewards: list[float] = []
 
 
 class GroupBatch(_Message):
@@ -224,6 +231,7 @@ class EpisodeView(_Message, tag="EpisodeMsg"):
     group_size: Count
     episode_id: Name
     samples: list[msgspec.Raw]
+    frozen_rewards: FrozenRewards = []
 
 
 class AgentGroupView(msgspec.Struct, kw_only=True):
@@ -234,6 +242,7 @@ class AgentGroupView(msgspec.Struct, kw_only=True):
     model: str
     samples: list[msgspec.Raw]
     episode_scores: dict[str, float]
+    group_rewards: list[float] = []
 
 
 class GroupBatchView(_Message, tag="GroupBatch"):
@@ -372,7 +381,7 @@ def open_group(view: AgentGroupView) -> AgentGroup:
             raise MessageError(reason_of(exc), f"group {view.group_id} sample {index}: {exc}") from None
     return AgentGroup(
         group_id=view.group_id, agent=view.agent, model=view.model, samples=samples,
-        episode_scores=view.episode_scores,
+        episode_scores=view.episode_scores, group_rewards=view.group_rewards,
     )
 
 

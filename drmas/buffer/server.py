@@ -163,9 +163,9 @@ class TrajectoryBuffer(RouterServer):
         except MessageError:
             self._abandon_group(episode)
             raise
-        score = sum(sample.reward for sample, _ in pairs) / len(pairs)  # the episode's trajectory score
+        rewards = [sample.reward for sample, _ in pairs] + list(episode.frozen_rewards)  # every call's reward
         completed = self._store.add_episode(
-            episode.producer, episode.group_id, episode.group_size, episode.episode_id, samples, score,
+            episode.producer, episode.group_id, episode.group_size, episode.episode_id, samples, rewards,
             self._clock(), claim_lease=lambda: self._admission.claim(episode.producer),
         )
         if completed is not None:
@@ -249,6 +249,7 @@ class TrajectoryBuffer(RouterServer):
             model=group.model,
             samples=group.samples,
             episode_scores=group.episode_scores,
+            group_rewards=group.group_rewards,
         )
 
     def _on_version(self, update: VersionUpdate) -> None:

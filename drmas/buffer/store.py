@@ -3,7 +3,10 @@
 Episodes of one GRPO group arrive one by one (possibly from several producers). A group is kept
 *pending* until all `group_size` episodes are in; then it is split into one `QueuedGroup` per agent,
 appended to that agent's FIFO queue. Learners take whole queued groups, never parts of one, because
-advantages need every episode of the group.
+advantages need every episode of the group. What the pooled normalisation modes need from the agents a
+learner does not train (every episode's trajectory score and every call's reward) is computed once, when
+the group completes, and travels with each part, so it does not matter which step the other parts land in
+or whether they are dropped.
 
 Every sample that enters is accounted for until it leaves, either delivered or dropped with a reason, so
 ``received == delivered + dropped + held`` holds at all times (the buffer's "nothing silently lost").
@@ -55,6 +58,7 @@ class QueuedGroup:
     model: str
     samples: list[msgspec.Raw]
     episode_scores: dict[str, float]  # shared by all parts of the group
+    group_rewards: list[float]  # every call's reward in the group, frozen agents' too; shared by all parts
     oldest_version: int  # policy version of the oldest sample: what staleness is judged on
     order: int  # completion order across all agents, for oldest-first delivery
 
@@ -92,6 +96,7 @@ class _PendingGroup:
     last_activity: float
     episodes: dict[str, list[StoredSample]] = field(default_factory=dict)
     scores: dict[str, float] = field(default_factory=dict)
+    rewards: dict[str, list[float]] = field(default_factory=dict)  # episode -> every call's reward
     n_samples: int = 0
 
 
@@ -157,11 +162,14 @@ class GroupStore:
         group_size: int,
         episode_id: str,
         samples: Sequence[StoredSample],
-        score: float,
+        rewards: Sequence[float],
         now: float,
         claim_lease: Callable[[], bool],
     ) -> Optional[CompletedGroup]:
         """Add one episode; returns the completed group when this episode was its last one.
+
+        `rewards` are the rewards of all the episode's calls (the samples' and those of calls not sent); their
+        mean is the episode's trajectory score.
 
         `claim_lease` is called only when the episode opens a new group, so the admission bookkeeping
         can tie one admitted unit to it; it is not called for refused episodes.
@@ -174,7 +182,8 @@ class GroupStore:
         else:
             self._refuse_misfit(group, group_size, episode_id)
         group.episodes[episode_id] = list(samples)
-        group.scores[episode_id] = score
+        group.scores[episode_id] = sum(rewards) / len(rewards)
+        group.rewards[episode_id] = list(rewards)
         group.n_samples += len(samples)
         group.last_activity = now
         self._pending.move_to_end(group_id)
@@ -210,6 +219,7 @@ class GroupStore:
             for sample in samples:
                 by_agent.setdefault(sample.agent, []).append(sample)
         self._order += 1
+        group_rewards = [r for rewards in group.rewards.values() for r in rewards]
         for agent, samples in by_agent.items():
             part = QueuedGroup(
                 group_id=group.group_id,
@@ -217,6 +227,7 @@ class GroupStore:
                 model=samples[0].model,
                 samples=[s.raw for s in samples],
                 episode_scores=group.scores,
+                group_rewards=group_rewards,
                 oldest_version=min(s.policy_version for s in samples),
                 order=self._order,
             )

@@ -149,13 +149,6 @@ def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
             errors.append(f"pipeline.learner_ports.{model}: {port} is not a TCP port (0 = assigned by `drmas run`)")
     if not 0 <= p.learner_base_port <= 65535 - len(cfg.models):
         errors.append(f"pipeline.learner_base_port: {p.learner_base_port} leaves no room for {len(cfg.models)} ports")
-    if p.mode == "async" and cfg.algorithm.normalization == "step_global":
-        trained = {a.model for a in cfg.agents.values() if a.trainable and a.model in cfg.models}
-        if len(trained) > 1:
-            errors.append(
-                "algorithm.normalization: 'step_global' pools the calls of all agents of a group, but with "
-                "pipeline.mode=async each learner sees only its own model's agents; use 'agent' or 'global'"
-            )
 
 
 def _check_retrieval(cfg: DrmasConfig, errors: list[str]) -> None:

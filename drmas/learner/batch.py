@@ -5,7 +5,9 @@ One update consumes `groups_per_step` GRPO groups, the number the buffer's admis
 buffer hands out one agent's part of a group at a time (round robin over this learner's agents, oldest
 first), so a step asks for `missing groups x agents` parts and counts distinct group ids; a part that
 arrives with the last group (another agent's part of a later group) is trained now rather than held back,
-which only makes consumption a little faster than the admission budget assumes, never staler.
+which only makes consumption a little faster than the admission budget assumes, never staler. Which step
+a group's parts land in never changes their advantages: the pooled modes normalise against what the buffer
+computed over the whole group (`group_advantages`).
 
 The buffer already refuses to deliver data older than the bound at pull time; the learner checks again
 because the buffer may have restarted without knowing versions. A part with a too-stale sample, or with a
@@ -128,20 +130,35 @@ def report_drops(consumer: BufferConsumer, parts: Sequence[AgentGroup], reason: 
 def group_advantages(
     groups: Sequence[AgentGroup], alg: AlgorithmConfig, stats: AgentRewardStats
 ) -> tuple[list[Sample], np.ndarray]:
-    """The samples of `groups` and their advantages, as the colocated loop computes them.
+    """The samples of `groups` and their advantages, exactly as the colocated loop computes them.
 
-    `agent` and `step_global` need only the samples at hand. `global` scores whole trajectories, including
-    the calls of agents other learners train, so it normalises the buffer's `episode_scores` (every episode
-    of the group) instead of this learner's samples, then gives each sample its episode's advantage. The
-    running statistics take this batch's rewards afterwards.
+    `agent` needs only the samples at hand: a part holds all of its agent's calls in the group. The pooled
+    modes need what the learner does not get, the calls of agents other learners train or nobody trains
+    (frozen ones), and a group's other parts may land in another step or be dropped. So they normalise what
+    the buffer computed over the whole group when it completed: `global` its `episode_scores` (every
+    episode's trajectory score), `step_global` its `group_rewards` (every call's reward); each sample then
+    takes the advantage of its own entry there. A part from a buffer without `group_rewards` falls back to
+    pooling this learner's own samples. The running statistics take this batch's rewards afterwards.
     """
     samples = [s for g in groups for s in g.samples]
-    if alg.normalization != "global":
+    if alg.normalization == "global":
+        pools = {(g.group_id, e): score for g in groups for e, score in g.episode_scores.items()}
+        entry_of = [(s.group_id, s.episode_id) for s in samples]
+    elif alg.normalization == "step_global" and all(g.group_rewards for g in groups):
+        # equal rewards of one group get equal advantages, so a sample's entry is any with its reward
+        pools = {(g.group_id, i): r for g in groups for i, r in enumerate(g.group_rewards)}
+        entry_of = [(s.group_id, s.reward) for s in samples]
+    else:
         return samples, step_advantages(samples, alg, stats)
-    episodes = {(g.group_id, e): score for g in groups for e, score in g.episode_scores.items()}
-    keys = list(episodes)
-    episode_adv = compute_advantages([episodes[k] for k in keys], [k[0] for k in keys], ["all"] * len(keys),
-                                     [k[1] for k in keys], **config_options(alg, stats))
+    keys = list(pools)
+    entry_adv = compute_advantages([pools[k] for k in keys], [k[0] for k in keys], ["all"] * len(keys),
+                                   [k[1] for k in keys], **config_options(alg, stats))
+    if alg.normalization == "global":
+        by_entry = dict(zip(keys, entry_adv))
+    else:
+        by_entry = {(k[0], pools[k]): a for k, a in zip(keys, entry_adv)}
+    missing = [entry for entry in entry_of if entry not in by_entry]
+    if missing:
+        raise ValueError(f"{len(missing)} sample(s) have no entry in their group's pool, e.g. {missing[0]}")
     stats.update([s.agent for s in samples], [s.reward for s in samples])
-    by_episode = dict(zip(keys, episode_adv))
-    return samples, np.array([by_episode[(s.group_id, s.episode_id)] for s in samples], dtype=np.float64)
+    return samples, np.array([by_entry[entry] for entry in entry_of], dtype=np.float64)

@@ -13,8 +13,10 @@ One `EpisodeRunner.stream` runs for the life of the process. Before every engine
   train it is never started.
 
 A finished episode goes to the buffer at once with the samples of trained agents only (nothing else would
-ever leave the buffer). While the buffer withholds credit the loop keeps taking weight pushes (aborting
-running requests if it must), so a full buffer never stalls a learner's push.
+ever leave the buffer) and the rewards of the other calls (frozen agents), which still count in the episode's
+trajectory score and its group's pooled rewards, as they do in the colocated loop. While the buffer withholds
+credit the loop keeps taking weight pushes (aborting running requests if it must), so a full buffer never
+stalls a learner's push.
 
 Before the first group, the loop waits for the current weights of every trained model from its learner, so
 no sample is generated from weights that no learner vouches for (this also makes a rollout that joins late
@@ -171,7 +173,8 @@ class RolloutWorker:
         return requests
 
     def _publish(self, result: EpisodeResult) -> None:
-        """Send a finished episode (its trained agents' samples) to the buffer, waiting for credit if needed."""
+        """Send a finished episode (its trained agents' samples, the other calls' rewards) to the buffer, waiting
+        for credit if needed. The other rewards keep its trajectory score that of the colocated loop."""
         group_id = result.request.group_id
         self.open_groups[group_id] -= 1
         if self.open_groups[group_id] == 0:
@@ -179,6 +182,7 @@ class RolloutWorker:
         self.meter.tokens += sum(len(s.response_ids) for s in result.samples)
         self.meter.episodes += 1
         samples = [s for s in result.samples if s.agent in self.trained_agents]
+        frozen_rewards = [s.reward for s in result.samples if s.agent not in self.trained_agents]
         if not samples:
             log.warning("episode %s has no call of a trained agent: its group cannot complete", result.request.episode_id)
             return
@@ -193,7 +197,7 @@ class RolloutWorker:
                 raise _Stopped
             self._poll_weights()
         self.meter.idle_s += time.monotonic() - start
-        self.producer.send_episode(group_id, self.group_size, result.request.episode_id, samples)
+        self.producer.send_episode(group_id, self.group_size, result.request.episode_id, samples, frozen_rewards)
         for rejection in self.producer.pop_rejections():
             self.rejected[rejection.reason] += 1
 

@@ -1,0 +1,107 @@
+"""The pooled normalisation modes of the async pipeline equal the colocated loop's, through a real buffer.
+
+A learner gets its agents' parts of a group, not the group: an agent that made no call in one group makes
+another group's parts arrive first, so one group's parts can land in two learner steps; a part may be
+dropped; other parts belong to agents of other models or to frozen agents, whose calls never reach a
+learner. `step_global` (every call of the group pooled) and `global` (every episode's trajectory score)
+must still see the whole group, exactly as the colocated loop does with every sample in hand.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pytest
+from buffer_harness import clients, make_buffer, wait_until  # noqa: F401  (fixtures)
+
+from drmas.config.schema import AlgorithmConfig
+from drmas.learner.advantage import compute_advantages
+from drmas.learner.batch import GroupCollector, group_advantages
+from drmas.learner.running_stats import AgentRewardStats
+from drmas.process import StopFlag
+from drmas.protocol import Sample
+
+AGENT_MODELS = {"solver": "m", "verifier": "m", "reviser": "other"}  # the critic is frozen: no learner, no queue
+FROZEN = "critic"
+GROUP_SIZE = 3
+# group -> episodes -> calls (agent, reward). In g0 the verifier never speaks, so with one group per step the
+# pull that should bring g0 also brings the verifier's part of g1, and g1's solver part lands in the next step.
+GROUPS = {
+    "g0": [[("solver", 1.0), (FROZEN, 0.9)], [("solver", 0.0), (FROZEN, 0.1)], [("solver", 0.0), ("reviser", 1.0)]],
+    "g1": [[("solver", 1.0), ("verifier", 0.9), (FROZEN, -0.1)], [("solver", 0.0), ("verifier", 0.0)],
+           [("solver", 1.0), ("verifier", 1.0), ("reviser", 0.3), (FROZEN, 1.0)]],
+}
+
+
+def _episode(group: str, index: int) -> list[Sample]:
+    return [Sample(episode_id=f"{group}-e{index}", group_id=group, agent=agent, model=AGENT_MODELS.get(agent, "frozen"),
+                   turn=turn, prompt_ids=[1, 2], response_ids=[3], behaviour_logprobs=[-1.0], policy_version=0,
+                   temperature=1.0, valid=True, reward=reward)
+            for turn, (agent, reward) in enumerate(GROUPS[group][index])]
+
+
+def _colocated(samples: Sequence[Sample], mode: str) -> dict[tuple[str, str, int], float]:
+    """What the colocated loop computes: every call of every group in hand, frozen ones included."""
+    adv = compute_advantages([s.reward for s in samples], [s.group_id for s in samples], [s.agent for s in samples],
+                             [s.episode_id for s in samples], mode=mode)
+    return {(s.episode_id, s.agent, s.turn): a for s, a in zip(samples, adv)}
+
+
+def _send_all(producer) -> list[Sample]:
+    every = []
+    for group, episodes in GROUPS.items():
+        for index in range(len(episodes)):
+            samples = _episode(group, index)
+            every += samples
+            sent = [s for s in samples if s.agent in AGENT_MODELS]
+            frozen = [s.reward for s in samples if s.agent not in AGENT_MODELS]
+            producer.send_episode(group, GROUP_SIZE, samples[0].episode_id, sent, frozen_rewards=frozen)
+    producer.flush(timeout_s=5)
+    return every
+
+
+@pytest.mark.parametrize("mode", ["step_global", "global"])
+def test_pooled_modes_see_the_whole_group_however_its_parts_are_delivered(make_buffer, clients, mode):
+    buf = make_buffer(agent_models=AGENT_MODELS)
+    every = _send_all(clients.producer(buf))
+    wait_until(lambda: buf.stats().depth == {"solver": 2, "verifier": 1, "reviser": 2})
+    expected = _colocated(every, mode)
+    alg = AlgorithmConfig(normalization=mode, singleton_fallback=False)
+    collector = GroupCollector(clients.consumer(buf), ["solver", "verifier"], 1, 1, StopFlag(install=False), poll_ms=50)
+
+    steps = []
+    for _ in range(2):  # one group per step, as the learner of model m asks
+        batch = collector.next_batch(0)
+        samples, adv = group_advantages(batch.groups, alg, AgentRewardStats())
+        steps.append(sorted({s.group_id for s in samples}))
+        for s, a in zip(samples, adv):
+            assert a == pytest.approx(expected[(s.episode_id, s.agent, s.turn)], rel=1e-12, abs=1e-12), (s.agent, s.turn)
+    assert steps == [["g0", "g1"], ["g1"]]  # g1's parts did land in two steps
+
+    # the learner of the other model, with its one agent, gets the same numbers for its calls
+    other = GroupCollector(clients.consumer(buf), ["reviser"], 2, 1, StopFlag(install=False), poll_ms=50)
+    samples, adv = group_advantages(other.next_batch(0).groups, alg, AgentRewardStats())
+    assert [s.agent for s in samples] == ["reviser", "reviser"]
+    np.testing.assert_allclose(adv, [expected[(s.episode_id, s.agent, s.turn)] for s in samples], rtol=1e-12)
+
+
+def test_episode_scores_count_the_calls_of_frozen_agents(make_buffer, clients):
+    """The trajectory score is the mean reward of all the episode's calls in both loops, frozen ones included."""
+    buf = make_buffer(agent_models=AGENT_MODELS)
+    _send_all(clients.producer(buf))
+    parts = clients.consumer(buf).pull(["solver"], max_groups=2, wait_ms=2000)
+    scores = {e: s for part in parts for e, s in part.episode_scores.items()}
+    assert scores["g0-e0"] == pytest.approx((1.0 + 0.9) / 2) and scores["g1-e0"] == pytest.approx((1.0 + 0.9 - 0.1) / 3)
+    g1 = next(part for part in parts if part.group_id == "g1")
+    assert sorted(g1.group_rewards) == sorted(r for episode in GROUPS["g1"] for _, r in episode)
+
+
+def test_a_non_finite_frozen_reward_is_refused_like_a_non_finite_sample_reward(make_buffer, clients):
+    buf = make_buffer(agent_models=AGENT_MODELS)
+    producer = clients.producer(buf)
+    sent = [s for s in _episode("g0", 0) if s.agent in AGENT_MODELS]
+    producer.send_episode("g0", GROUP_SIZE, "g0-e0", sent, frozen_rewards=[float("nan")])
+    producer.flush(timeout_s=5)
+    assert [r.reason for r in producer.pop_rejections()] == ["invalid"]
+    assert buf.stats().received_samples == 0
