@@ -142,8 +142,8 @@ class AlgorithmConfig:
     )
     singleton_clip: Optional[float] = _f(
         3.0, "Bound on |advantage| of a one-sample normalisation set (null: unbounded). Against running statistics "
-        "one failure of a nearly always right agent (mean 0.99, std 0.03) would weigh -33; bounded, it weighs -3, "
-        "about what a member of a real group of 16 can reach at most.",
+        "one failure of a nearly always right agent (mean 0.99, std 0.03) would weigh -33; bounded, it weighs -3 "
+        "(a member of a real group of n reaches at most (n-1)/sqrt(n): 2.5 for n=8, 3.75 for n=16).",
     )
     clip_low: float = _f(0.2, "PPO clip: ratio lower bound is 1 - clip_low.")
     clip_high: float = _f(0.2, "PPO clip: ratio upper bound is 1 + clip_high.")
