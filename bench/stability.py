@@ -53,7 +53,7 @@ from stability_stats import (measured_second_moment, over_seeds, predicted_secon
 
 MODES = ("agent", "global", "step_global")
 SETTINGS = {
-    "tiny": {"config": "configs/stability.yaml", "seeds": 3, "steps": 120, "quick_seeds": 2, "quick_steps": 15},
+    "tiny": {"config": "configs/stability.yaml", "seeds": 3, "steps": 120, "quick_seeds": 2, "quick_steps": 12},
     "smollm2": {"config": "configs/stability_smollm2.yaml", "seeds": 1, "steps": 8, "quick_seeds": 1,
                 "quick_steps": 2},
 }
@@ -99,12 +99,12 @@ def train_one(config: str, mode: str, seed: int, steps: int, overrides: list[str
     cfg = load_config(config, [*overrides, f"algorithm.normalization={mode}", f"trainer.seed={seed}",
                                f"trainer.steps={steps}", f"trainer.output_dir={out}", "trainer.overwrite=true",
                                "logging.progress_bar=false", "logging.console_every=0"])
-    start = time.monotonic()
+    start, cpu_start = time.monotonic(), time.process_time()
     run = ColocatedRun(cfg, log=lambda *_: None)
     recorder = RecordingRunner(run.runner)
     run.runner = recorder
     summary = run.run()
-    wall = time.monotonic() - start
+    wall, cpu = time.monotonic() - start, time.process_time() - cpu_start
     records = [r for r in read_metrics(Path(out) / "metrics.jsonl") if "episode/reward_mean" in r]
     agents, models = list(cfg.agents), list(run.trainers)
     pooled = {k: [v for step in recorder.steps for v in step[k]] for k in ("agent", "group", "episode", "reward")}
@@ -113,7 +113,8 @@ def train_one(config: str, mode: str, seed: int, steps: int, overrides: list[str
     who = np.asarray(pooled["agent"])
     moments = second_moments(mode, pooled)
     return {
-        "mode": mode, "seed": seed, "steps": len(records), "wall_s": wall, "accuracy": summary.get("accuracy", {}),
+        "mode": mode, "seed": seed, "steps": len(records), "wall_s": wall, "cpu_s": cpu,
+        "accuracy": summary.get("accuracy", {}),
         "agents": {a: {"mu": float(rewards[who == a].mean()), "sigma": float(rewards[who == a].std()),
                        "calls_per_step": float((who == a).sum() / max(len(records), 1)),
                        **moments.get(a, {}),
@@ -161,6 +162,7 @@ def aggregate(runs: list[dict]) -> dict:
             "accuracy_before": over_seeds([r["accuracy"].get("before", math.nan) for r in mine]),
             "accuracy_after": over_seeds([r["accuracy"].get("after", math.nan) for r in mine]),
             "wall_s": over_seeds([r["wall_s"] for r in mine]),
+            "cpu_s": over_seeds([r.get("cpu_s", math.nan) for r in mine]),
         }
     return out
 
@@ -175,7 +177,8 @@ def markdown(result: dict) -> str:
     """The three tables of the report: per agent, per model, per mode."""
     agg, meta = result["summary"], result["meta"]
     lines = [f"setting `{meta['setting']}` ({meta['config']}), seeds {meta['seeds']}, {meta['steps']} steps per run, "
-             f"wall {meta['wall_s'] / 60:.1f} min ({meta['jobs']} runs at a time), commit {meta['commit'][:10]}",
+             f"wall {meta['wall_s'] / 60:.1f} min ({meta['jobs']} runs at a time; CPU time of all runs "
+             f"{meta.get('cpu_s', math.nan) / 60:.1f} min), commit {meta['commit'][:10]}",
              "", "| mode | agent | mu_k | sigma_k | calls/step | E[A^2] measured (sets with spread) | "
              "global formula (spread + offset) | E[A^2] all calls |", "|---|---|---|---|---|---|---|---|"]
     for mode, m in agg.items():
@@ -188,11 +191,11 @@ def markdown(result: dict) -> str:
     for mode, m in agg.items():
         for model, g in m["models"].items():
             lines.append(f"| `{mode}` | {model} | {_cell(g['median'])} | {_cell(g['max'])} | {_cell(g['spike_share'])} |")
-    lines += ["", "| mode | train reward, first steps | train reward, last steps | held-out acc. before | after | wall per run (s) |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| mode | train reward, first steps | train reward, last steps | held-out acc. before | after | wall per run (s) | CPU per run (s) |",
+              "|---|---|---|---|---|---|---|"]
     for mode, m in agg.items():
         lines.append(f"| `{mode}` | {_cell(m['reward_first'])} | {_cell(m['reward_last'])} | {_cell(m['accuracy_before'])} "
-                     f"| {_cell(m['accuracy_after'])} | {_cell(m['wall_s'], 0)} |")
+                     f"| {_cell(m['accuracy_after'])} | {_cell(m['wall_s'], 0)} | {_cell(m.get('cpu_s', {}), 0)} |")
     lines.append(f"\n(first/last steps = mean episode reward over the first/last {next(iter(agg.values()))['reward_window']} "
                  "steps; mean ± sample std over seeds)")
     return "\n".join(lines)
@@ -253,7 +256,7 @@ def main() -> None:
             print(f"done {job[1]} seed {job[2]}: {runs[-1]['wall_s']:.0f} s", flush=True)
     meta = {"setting": args.setting, "config": config, "seeds": list(range(seeds)), "steps": steps,
             "overrides": args.overrides, "quick": args.quick, "jobs": args.jobs, "wall_s": time.monotonic() - start,
-            "commit": _commit(), "cpus": os.cpu_count()}
+            "cpu_s": sum(r["cpu_s"] for r in runs), "commit": _commit(), "cpus": os.cpu_count()}
     write_outputs({"meta": meta, "summary": aggregate(runs), "runs": runs}, out, Path(args.png or out / "stability.png"))
 
 
