@@ -82,8 +82,10 @@ class AgentConfig:
 
 @dataclass
 class SystemConfig:
-    name: str = _f("math", "Registered multi-agent system (orchestra): 'math' or 'search'.")
-    max_rounds: int = _f(2, "Math: solver/verifier rounds K; the verifier is skipped in the last round.")
+    name: str = _f("math", "Registered multi-agent system (orchestra): 'math', 'math_revise' (solver, task-graded "
+                   "check, reviser only after a wrong answer) or 'search'.")
+    max_rounds: int = _f(2, "Math: solver/verifier rounds K; the verifier is skipped in the last round. math_revise: "
+                         "attempts in all (1 solver call + up to K-1 reviser calls).")
     malformed_verdict: str = _f(
         "approve", "Math: how a verifier output without a <verify> verdict counts: approve (reference) or reject."
     )
