@@ -3,21 +3,29 @@
 It is a msgspec Struct so that it encodes to compact msgpack for the ZeroMQ buffer and decodes with
 schema validation. `SCHEMA_VERSION` is bumped on any incompatible change; receivers reject other versions.
 
-Values are constrained in the schema itself, so every decoder (the buffer's, the learner's) refuses them
-in C while decoding, at no extra pass: rewards and log-probs must be finite (one NaN reward would poison a
-learner's running statistics, one inf log-prob its importance weights), token ids non-negative, names
-short. What only a model can know (its vocabulary, its positions) is checked by the learner
-(`drmas.learner.sample_limits`).
+Token ids and behaviour log-probs are numpy arrays (int32, float32) that travel packed (`drmas.packed`):
+decoding a sample of 32k tokens is a few zero-copy views, not 64k Python objects. Scalars are constrained
+in the schema itself, so every decoder refuses them in C while decoding: rewards must be finite (one NaN
+reward would poison a learner's running statistics), names short. The arrays are checked by
+`check_sample` in a few vectorised passes: log-probs finite (one inf would poison the importance
+weights), token ids non-negative (int32 bounds them below 2**31). What only a model can know (its
+vocabulary, its positions) is checked by the learner (`drmas.learner.sample_limits`).
+
+Schema 2 made the arrays packed; a schema-1 sender (lists) is refused with both versions named.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Optional
 
 import msgspec
+import numpy as np
 
-SCHEMA_VERSION = 1
+from drmas.packed import decoder, encoder, float_values, token_ids
+
+SCHEMA_VERSION = 2
 
 # Reasons a sample is refused (buffer: `rejected/<reason>`; learner: `dropped/<model>/<reason>`).
 REASON_NON_FINITE = "non_finite"
@@ -27,7 +35,6 @@ REASON_INVALID = "invalid"
 
 _FLOAT_MAX = 3.4e38  # float32's range: also the tightest bound that admits every finite value an engine makes
 Finite = Annotated[float, msgspec.Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]  # NaN fails both comparisons
-TokenId = Annotated[int, msgspec.Meta(ge=0, lt=2**31)]
 Name = Annotated[str, msgspec.Meta(max_length=256)]
 MAX_VERSION = 2**31 - 1  # far beyond any run; keeps every counter derived from versions inside int64
 Version = Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
@@ -42,9 +49,9 @@ class Sample(msgspec.Struct, kw_only=True, frozen=False):
     agent: Name  # agent name from the config (e.g. "solver")
     model: Name  # model id that served this call
     turn: int  # index of this call within the episode (0-based, across agents)
-    prompt_ids: list[TokenId]
-    response_ids: list[TokenId]
-    behaviour_logprobs: list[Finite]  # log pi_behaviour(token) per response token, at `temperature`
+    prompt_ids: np.ndarray  # int32 token ids (lists are converted on construction and assignment)
+    response_ids: np.ndarray  # int32 token ids
+    behaviour_logprobs: np.ndarray  # float32 log pi_behaviour(token) per response token, at `temperature`
     policy_version: Version  # version of the weights that produced the response tokens
     temperature: Finite  # sampling temperature the behaviour log-probs were computed at
     valid: bool  # whether the output followed the agent's required format
@@ -53,6 +60,36 @@ class Sample(msgspec.Struct, kw_only=True, frozen=False):
     # the learner process that published `policy_version` ('' = initial weights or the colocated loop): a
     # learner resumed from a checkpoint numbers versions again from there, so the pair names the weights
     policy_incarnation: Name = ""
+
+    def __post_init__(self) -> None:
+        """Arrays of the wire's types, whether built from lists here or decoded (then already, no copy)."""
+        set_field = super().__setattr__
+        set_field("prompt_ids", token_ids(self.prompt_ids, "prompt_ids"))
+        set_field("response_ids", token_ids(self.response_ids, "response_ids"))
+        set_field("behaviour_logprobs", float_values(self.behaviour_logprobs, "behaviour_logprobs"))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        """Assigning a list to an array field converts it, as construction does."""
+        convert = _ARRAY_FIELDS.get(name)
+        super().__setattr__(name, value if convert is None else convert(value, name))
+
+    def __eq__(self, other: object) -> bool:
+        """Field by field, arrays by value and dtype (numpy's `==` is elementwise, not a truth value)."""
+        if type(other) is not Sample:
+            return NotImplemented
+        for name in self.__struct_fields__:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if name in _ARRAY_FIELDS:
+                if mine.dtype != theirs.dtype or not np.array_equal(mine, theirs):
+                    return False
+            elif mine != theirs:
+                return False
+        return True
+
+    __hash__ = None  # mutable, and compared by value
+
+
+_ARRAY_FIELDS = {"prompt_ids": token_ids, "response_ids": token_ids, "behaviour_logprobs": float_values}
 
 
 class SampleError(ValueError):
@@ -63,15 +100,21 @@ class SampleError(ValueError):
         self.reason = reason
 
 
-_ENCODER = msgspec.msgpack.Encoder()
-_SAMPLE_DECODER = msgspec.msgpack.Decoder(Sample)
+class _SampleVersion(msgspec.Struct):
+    """The one field every sample schema has; read only to explain why a full decode failed."""
+
+    schema_version: int = -1
+
+
+_ENCODER = encoder()
+_SAMPLE_DECODER = decoder(Sample)
+_VERSION_DECODER = msgspec.msgpack.Decoder(_SampleVersion)
 
 # The field a msgspec validation error points at decides its reason code.
 _FIELD_AT = re.compile(r"\.([a-z_]+)(?:\[\d+\])?`$")  # the last field of the error's path, e.g. `$.samples[0].reward`
 _FIELD_REASONS = {
-    "reward": REASON_NON_FINITE, "episode_reward": REASON_NON_FINITE, "behaviour_logprobs": REASON_NON_FINITE,
-    "temperature": REASON_NON_FINITE, "prompt_ids": REASON_BAD_TOKEN, "response_ids": REASON_BAD_TOKEN,
-}
+    "reward": REASON_NON_FINITE, "episode_reward": REASON_NON_FINITE, "temperature": REASON_NON_FINITE,
+}  # array fields are checked by `check_sample` (SampleError); a ValidationError there is a malformed array
 
 
 def reason_of(error: Exception) -> str:
@@ -89,27 +132,48 @@ def encode_sample(sample: Sample) -> bytes:
 def decode_sample(data: bytes, max_tokens: Optional[int] = None) -> Sample:
     """Decode and validate; raises `msgspec.DecodeError`/`ValueError` (a `SampleError` for a rule on values,
     see `reason_of`) on malformed or foreign data. With `max_tokens`, longer prompt + response is refused."""
-    sample = _SAMPLE_DECODER.decode(data)
+    try:
+        sample = _SAMPLE_DECODER.decode(data)
+    except (msgspec.DecodeError, ValueError):
+        _check_version(_peek_version(data))  # a foreign version explains the failure best
+        raise
     check_sample(sample, max_tokens)
     return sample
 
 
+def _peek_version(data: bytes) -> int:
+    try:
+        return _VERSION_DECODER.decode(data).schema_version
+    except (msgspec.DecodeError, ValueError, RecursionError):
+        return SCHEMA_VERSION  # unreadable: the original error says more than a version could
+
+
+def _check_version(version: int) -> None:
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"sample schema version {version} is not supported (expected {SCHEMA_VERSION}; "
+                         "schema 2 carries token ids and log-probs as packed arrays)")
+
+
 def check_sample(sample: Sample, max_tokens: Optional[int] = None) -> None:
-    """The rules a decoded sample must meet beyond its types (schema version, lengths that must agree)."""
-    if sample.schema_version != SCHEMA_VERSION:
-        raise ValueError(
-            f"sample schema version {sample.schema_version} is not supported (expected {SCHEMA_VERSION})"
-        )
+    """The rules a decoded sample must meet beyond its types (schema version, lengths that must agree, ids
+    non-negative, log-probs finite), each a vectorised pass over the arrays."""
+    _check_version(sample.schema_version)
     if len(sample.response_ids) != len(sample.behaviour_logprobs):
         raise SampleError(
             REASON_INVALID,
             f"sample {sample.episode_id}/{sample.turn}: {len(sample.response_ids)} response tokens but "
             f"{len(sample.behaviour_logprobs)} behaviour log-probs",
         )
-    if not sample.prompt_ids:
+    if not len(sample.prompt_ids):
         raise SampleError(REASON_INVALID, f"sample {sample.episode_id}/{sample.turn} has an empty prompt")
     n_tokens = len(sample.prompt_ids) + len(sample.response_ids)
     if max_tokens is not None and n_tokens > max_tokens:
         raise SampleError(
             REASON_TOO_LONG, f"sample {sample.episode_id}/{sample.turn} has {n_tokens} tokens > limit {max_tokens}"
         )
+    if sample.prompt_ids.min() < 0 or (len(sample.response_ids) and sample.response_ids.min() < 0):
+        raise SampleError(REASON_BAD_TOKEN, f"sample {sample.episode_id}/{sample.turn} has a negative token id")
+    # one float64 sum instead of an isfinite mask: any NaN or inf makes it non-finite, finite float32
+    # values (<= 3.4e38) cannot overflow it
+    if not math.isfinite(sample.behaviour_logprobs.sum(dtype=np.float64)):
+        raise SampleError(REASON_NON_FINITE, f"sample {sample.episode_id}/{sample.turn} has a non-finite log-prob")

@@ -58,7 +58,7 @@ def test_groups_are_delivered_whole_and_only_when_complete(make_buffer, clients)
     assert group.group_id == "g0" and group.agent == "solver" and group.model == "m1"
     assert [s.episode_id for s in group.samples] == ["g0/e0", "g0/e1", "g0/e2"]
     assert all(s.agent == "solver" for s in group.samples)
-    assert group.samples[0].response_ids == [4, 5]
+    assert group.samples[0].response_ids.tolist() == [4, 5]
 
 
 def test_each_agent_gets_its_samples_with_every_episode_score(make_buffer, clients) -> None:
@@ -221,7 +221,7 @@ def test_bad_messages_are_refused_counted_and_the_buffer_keeps_serving(make_buff
     bad_lengths = make_sample("g", "g/e0", "solver")
     bad_lengths.behaviour_logprobs = [-1.0]  # two response tokens, one log-prob
     cases = {
-        "malformed": [os.urandom(64), msgspec.msgpack.encode({"type": "Nope", "schema_version": 1})],
+        "malformed": [os.urandom(64), msgspec.msgpack.encode({"type": "Nope", "schema_version": MESSAGE_SCHEMA_VERSION})],
         "schema_version": [msgspec.msgpack.encode({"type": "EpisodeMsg", "schema_version": 99, "future": 1})],
         "oversized": [b"\x00" * 5000],
         "unexpected_message": [encode_message(Pull(seq=7, agents=["solver"]))],

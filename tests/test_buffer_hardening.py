@@ -19,6 +19,7 @@ from buffer_harness import (  # noqa: F401  (fixtures)
 
 from drmas.buffer.admission import AdmissionController
 from drmas.buffer.messages import (
+    MESSAGE_SCHEMA_VERSION,
     DropReport,
     EpisodeMsg,
     StatsRequest,
@@ -191,7 +192,7 @@ def test_learner_messages_cannot_blow_up_the_buffer_counters(make_buffer, client
         "free text": msgspec.msgpack.encode({**msgspec.structs.asdict(DropReport(
             seq=1, agent="solver", group_ids=[], n_samples=1, reason="x")), "type": "DropReport",
             "reason": "no such thing " * 1000}),
-        "version 2**63": msgspec.msgpack.encode({"type": "VersionUpdate", "schema_version": 1, "seq": 2,
+        "version 2**63": msgspec.msgpack.encode({"type": "VersionUpdate", "schema_version": MESSAGE_SCHEMA_VERSION, "seq": 2,
                                                  "model": "m1", "version": 2**63}),
         "version 2**40": encode_message(VersionUpdate(seq=3, model="m1", version=2**40)),
     }

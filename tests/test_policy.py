@@ -105,3 +105,22 @@ def test_ess_share_falls_when_few_tokens_dominate():
     skewed = [torch.tensor([5.0, 0.0, 0.0, 0.0])], [torch.zeros(4)]
     assert _ess_share(*equal) == pytest.approx(1.0)
     assert 0.25 <= _ess_share(*skewed) < 0.3  # one weight e^5 against three of 1: about 1/n
+
+
+def test_learner_collation_matches_the_engines_logprob_definition(tiny_model_dir):
+    """`response_logprobs` (packed arrays, numpy padding) computes what `sequence_logprobs` defines, for
+    mixed lengths, temperatures and an empty response."""
+    from drmas.engines.logprobs import sequence_logprobs
+    from drmas.learner.collate import response_logprobs
+
+    samples = _samples(tiny_model_dir, n=3)
+    samples[0].temperature, samples[1].temperature = 0.7, 0.0
+    samples[2].response_ids, samples[2].behaviour_logprobs = [], []
+    model, _ = load_model(tiny_model_dir)
+    with torch.no_grad():
+        ours = response_logprobs(model, samples)
+        theirs = sequence_logprobs(model, [s.prompt_ids.tolist() for s in samples],
+                                   [s.response_ids.tolist() for s in samples], [s.temperature for s in samples])
+    assert [len(t) for t in ours] == [len(s.response_ids) for s in samples]
+    for mine, expected in zip(ours, theirs):
+        torch.testing.assert_close(mine, expected)

@@ -7,8 +7,8 @@ guessing. Samples inside keep their own `drmas.protocol.SCHEMA_VERSION`.
 Requests carry a ``seq`` chosen by the sender and every reply echoes it, so a client can match a late
 reply to the request it answers (a pull that timed out on the client side is not silently lost).
 
-Samples are the bulk of every byte and decoding them into Python lists is the dominant cost, so each
-side decodes them at most once:
+Samples are the bulk of every byte. Their arrays travel packed (`drmas.packed`: zero-copy numpy views on
+decoding), and each side still decodes a sample at most once:
 
 * `decode_buffer_request` (the buffer): samples stay msgpack (`msgspec.Raw`) after validation, and
   the buffer forwards the producer's bytes to learners without re-encoding them (`GroupBatchView`).
@@ -23,10 +23,11 @@ from typing import Annotated, Callable, Optional, Union
 
 import msgspec
 
+from drmas.packed import decoder, encoder
 from drmas.protocol import SCHEMA_VERSION as SAMPLE_SCHEMA_VERSION
 from drmas.protocol import Finite, Name, Sample, Version, check_sample, decode_sample, reason_of
 
-MESSAGE_SCHEMA_VERSION = 1
+MESSAGE_SCHEMA_VERSION = 2  # 2: samples carry packed arrays (sample schema 2)
 
 # Reasons a message is refused (keys of `Stats.rejected`, `Ack.reason`).
 REJECT_OVERSIZED = "oversized"
@@ -278,7 +279,7 @@ class _Envelope(msgspec.Struct):
     seq: int = -1
 
 
-_ENCODER = msgspec.msgpack.Encoder()
+_ENCODER = encoder()
 _ENVELOPE_DECODER = msgspec.msgpack.Decoder(_Envelope)
 _HEADER_DECODER = msgspec.msgpack.Decoder(SampleHeader)
 
@@ -294,7 +295,7 @@ class _UnionDecoder:
     """Decodes one union of messages: size check first (cheap), then structure, version, semantics."""
 
     def __init__(self, union: object) -> None:
-        self._decoder = msgspec.msgpack.Decoder(union)
+        self._decoder = decoder(union)
         self._accepted = _tags(union)
 
     def decode(self, data: bytes, max_bytes: Optional[int]):
@@ -307,9 +308,7 @@ class _UnionDecoder:
         except (msgspec.DecodeError, ValueError) as exc:
             raise self._explain(data, exc) from None
         if message.schema_version != MESSAGE_SCHEMA_VERSION:
-            raise MessageError(
-                REJECT_SCHEMA_VERSION, f"message schema {message.schema_version}, expected {MESSAGE_SCHEMA_VERSION}"
-            )
+            raise _version_error(message.schema_version)
         validator = _VALIDATORS.get(type(message))
         if validator is not None:
             validator(message)
@@ -322,14 +321,20 @@ class _UnionDecoder:
         except (msgspec.DecodeError, ValueError, RecursionError):
             return MessageError(REJECT_MALFORMED, str(exc))
         if envelope.schema_version not in (-1, MESSAGE_SCHEMA_VERSION):
-            return MessageError(
-                REJECT_SCHEMA_VERSION, f"message schema {envelope.schema_version}, expected {MESSAGE_SCHEMA_VERSION}"
-            )
+            return _version_error(envelope.schema_version)
         if envelope.type in _KNOWN_TAGS and envelope.type not in self._accepted:
             return MessageError(REJECT_UNEXPECTED, f"{envelope.type} is not accepted here")
         if isinstance(exc, msgspec.ValidationError) and envelope.type in self._accepted:
             return MessageError(REJECT_INVALID, str(exc))  # well formed, but a value out of its bounds
         return MessageError(REJECT_MALFORMED, str(exc))
+
+
+def _version_error(version: int) -> MessageError:
+    """Name both versions, and what changed, so whoever runs the older peer knows to upgrade it."""
+    detail = f"message schema {version}, expected {MESSAGE_SCHEMA_VERSION}"
+    if version < MESSAGE_SCHEMA_VERSION:
+        detail += " (the peer runs an older drmas: schema 2 carries samples' token ids and log-probs packed)"
+    return MessageError(REJECT_SCHEMA_VERSION, detail)
 
 
 _MESSAGE_DECODER = _UnionDecoder(Message)

@@ -17,7 +17,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from drmas.config.schema import AlgorithmConfig, OptimConfig
 from drmas.devices import training_autocast
-from drmas.engines.logprobs import sequence_logprobs
+from drmas.learner.collate import float_rows, response_logprobs
 from drmas.learner.loss import ppo_loss
 from drmas.protocol import Sample
 
@@ -56,11 +56,9 @@ class PolicyTrainer:
     def logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
         """Learner log-probs of every response token (no gradient), in sample order."""
         out: list[torch.Tensor | None] = [None] * len(samples)
-        for idx, micro, temperatures in self._micro_batches(samples):
+        for idx, micro in self._micro_batches(samples):
             with training_autocast(self.device):
-                lps = sequence_logprobs(
-                    self.model, [s.prompt_ids for s in micro], [s.response_ids for s in micro], temperatures
-                )
+                lps = response_logprobs(self.model, micro)
             for i, lp in zip(idx, lps):
                 out[i] = lp.detach().float()
         return out  # type: ignore[return-value]
@@ -86,7 +84,7 @@ class PolicyTrainer:
             later = np.concatenate(chunks[1:])
             for i, lp in zip(later, self.logprobs([samples[i] for i in later])):
                 proximal[i] = lp
-        behaviour = [torch.tensor(s.behaviour_logprobs, dtype=torch.float32, device=self.device) for s in samples]
+        behaviour = float_rows([s.behaviour_logprobs for s in samples], self.device)
         weights = np.array([self.agent_loss_weights.get(s.agent, 1.0) for s in samples], dtype=np.float64)
         adv = np.asarray(advantages, dtype=np.float64) * weights
         sums: dict[str, list[float]] = defaultdict(list)
@@ -115,12 +113,10 @@ class PolicyTrainer:
         part = [samples[i] for i in chunk]
         total_tokens = max(sum(len(s.response_ids) for s in part), 1)
         loss_total, stats_acc = 0.0, defaultdict(list)
-        for local, micro, temperatures in self._micro_batches(part):
+        for local, micro in self._micro_batches(part):
             idx = [int(chunk[j]) for j in local]
             with training_autocast(self.device):
-                logps = sequence_logprobs(
-                    self.model, [s.prompt_ids for s in micro], [s.response_ids for s in micro], temperatures
-                )
+                logps = response_logprobs(self.model, micro)
             for i, lp in zip(idx, logps):
                 if proximal[i] is None:
                     proximal[i] = lp.detach()
@@ -152,12 +148,12 @@ class PolicyTrainer:
         sums["is_weight_max"].append(float(np.max(stats_acc.get("is_weight_max", [1.0]))))
 
     def _micro_batches(self, samples: Sequence[Sample]):
-        """(indices, samples, temperatures) micro-batches of similar lengths (little padding)."""
+        """(indices, samples) micro-batches of similar lengths (little padding)."""
         order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
         size = self.alg.micro_batch_size
         for start in range(0, len(order), size):
             part = order[start : start + size]
-            yield part, [samples[i] for i in part], [samples[i].temperature for i in part]
+            yield part, [samples[i] for i in part]
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "skipped_steps": self.skipped_steps,

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 from drmas.protocol import REASON_BAD_TOKEN, REASON_INVALID, REASON_NON_FINITE, REASON_TOO_LONG, Sample
@@ -36,10 +37,11 @@ class SampleLimits:
         n_tokens = len(sample.prompt_ids) + len(sample.response_ids)
         if self.max_tokens is not None and n_tokens > self.max_tokens:
             return REASON_TOO_LONG
-        ids = (*sample.prompt_ids, *sample.response_ids)
-        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
-            return REASON_BAD_TOKEN
-        values = (sample.reward, sample.episode_reward, sample.temperature, sum(sample.behaviour_logprobs))
+        for ids in (sample.prompt_ids, sample.response_ids):  # int32 arrays: two reductions each
+            if len(ids) and (ids.min() < 0 or ids.max() >= self.vocab_size):
+                return REASON_BAD_TOKEN
+        logprob_sum = float(sample.behaviour_logprobs.sum(dtype=np.float64))
+        values = (sample.reward, sample.episode_reward, sample.temperature, logprob_sum)
         if not all(math.isfinite(v) for v in values):  # a NaN or an inf anywhere makes the sum non-finite
             return REASON_NON_FINITE
         if sample.temperature <= 0:  # log-probs are computed at logits / temperature
