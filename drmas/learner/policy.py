@@ -3,6 +3,10 @@
 The update recomputes the proximal log-probs (this model's weights before the update) once, splits the
 batch into `optim_steps_per_update` optimizer steps, accumulates gradients over micro-batches so that the
 aggregate equals the loss over the whole step, and skips (and counts) a step whose gradient is not finite.
+
+The same update runs on one process or on N data-parallel ranks of one model (`ranks`, see
+`drmas.learner.ranks` and `drmas.learner.sharding`): every rank is given the whole batch, trains on its
+share of each step, and normalises by the whole step, so the metrics and weights agree across ranks.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from drmas.config.schema import AlgorithmConfig, OptimConfig
 from drmas.devices import training_autocast
 from drmas.learner.collate import float_rows, response_logprobs
 from drmas.learner.loss import ppo_loss
+from drmas.learner.ranks import SingleRank
 from drmas.protocol import Sample
 
 
@@ -32,9 +37,11 @@ class PolicyTrainer:
         optim: OptimConfig,
         algorithm: AlgorithmConfig,
         agent_loss_weights: Mapping[str, float] | None = None,
+        ranks: SingleRank | None = None,
     ) -> None:
         self.model_id = model_id
-        self.model = model
+        self.ranks = ranks or SingleRank()
+        self.model = self.ranks.prepare(model)  # sharded before the optimizer sees the parameters
         self.model.train()
         self.device = next(model.parameters()).device  # float32 master weights here; autocast on CUDA
         self.optim_cfg = optim
@@ -48,9 +55,8 @@ class PolicyTrainer:
         self.optimizer_steps = 0
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The current weights by name, as an engine's `load_weights` takes them."""
-        for name, param in self.model.named_parameters():
-            yield name, param.detach()
+        """The current weights by name, as an engine's `load_weights` takes them (whole, also when sharded)."""
+        yield from self.ranks.full_tensors(self.model)
 
     @torch.no_grad()
     def logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
@@ -80,16 +86,20 @@ class PolicyTrainer:
             return {}
         chunks = np.array_split(np.arange(len(samples)), min(self.alg.optim_steps_per_update, len(samples)))
         proximal: list[torch.Tensor | None] = [None] * len(samples)
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
         if len(chunks) > 1:
-            later = np.concatenate(chunks[1:])
+            later = self.ranks.share(np.concatenate(chunks[1:]), lengths)
+            idle = self.ranks.missing_passes(self._passes(len(later)))
             for i, lp in zip(later, self.logprobs([samples[i] for i in later])):
                 proximal[i] = lp
+            self.ranks.idle_passes(self.model, idle, backward=False)
         behaviour = float_rows([s.behaviour_logprobs for s in samples], self.device)
         weights = np.array([self.agent_loss_weights.get(s.agent, 1.0) for s in samples], dtype=np.float64)
         adv = np.asarray(advantages, dtype=np.float64) * weights
         sums: dict[str, list[float]] = defaultdict(list)
         for chunk in chunks:
-            self._optimizer_step(chunk, samples, proximal, behaviour, adv, sums)
+            self._optimizer_step(chunk, samples, lengths, proximal, behaviour, adv, sums)
+        proximal = self.ranks.fill_rows(proximal, [len(s.response_ids) for s in samples])
         m = self.model_id
         on_policy = {} if version is None else on_policy_logp_diff(samples, proximal, behaviour, version)
         return {
@@ -106,12 +116,15 @@ class PolicyTrainer:
             f"tokens/{m}": float(sum(len(s.response_ids) for s in samples)),
         }
 
-    def _optimizer_step(self, chunk: np.ndarray, samples, proximal, behaviour, adv, sums) -> None:
-        """One optimizer step over samples[chunk], accumulating micro-batch gradients; fills in missing
-        proximal log-probs from the (pre-step) gradient pass."""
+    def _optimizer_step(self, step: np.ndarray, samples, lengths, proximal, behaviour, adv, sums) -> None:
+        """One optimizer step over samples[step], accumulating micro-batch gradients; fills in missing
+        proximal log-probs from the (pre-step) gradient pass. This rank's share is `chunk`; the normaliser
+        is the whole step's, so the gradients summed over ranks are the whole step's gradient."""
         self.optimizer.zero_grad(set_to_none=True)
+        chunk = self.ranks.share(step, lengths)
         part = [samples[i] for i in chunk]
-        total_tokens = max(sum(len(s.response_ids) for s in part), 1)
+        total_tokens = max(sum(len(samples[i].response_ids) for i in step), 1)
+        idle = self.ranks.missing_passes(self._passes(len(part)))
         loss_total, stats_acc = 0.0, defaultdict(list)
         for local, micro in self._micro_batches(part):
             idx = [int(chunk[j]) for j in local]
@@ -128,24 +141,33 @@ class PolicyTrainer:
                 max_is_weight=self.alg.max_is_weight, aggregation=self.alg.aggregation,
             )
             token_mean = self.alg.aggregation == "token-mean"
-            scale = mask.sum().item() / total_tokens if token_mean else len(idx) / len(part)
+            scale = mask.sum().item() / total_tokens if token_mean else len(idx) / len(step)
             (loss * scale).backward()
             loss_total += loss.item() * scale
             for k, v in stats.items():
                 stats_acc[k].append(v)
+        self.ranks.idle_passes(self.model, idle, backward=True)
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+        grad_norm = self.ranks.clip_grad_norm(self.params, clip)
         if math.isfinite(grad_norm):
             self.optimizer.step()
             self.optimizer_steps += 1
         else:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
+        loss_total, n_micro, clip_sum, is_sum = self.ranks.sum([
+            loss_total, len(stats_acc["clip_fraction"]), sum(stats_acc["clip_fraction"]),
+            sum(stats_acc["is_weight_mean"])])
+        (is_max,) = self.ranks.max([max(stats_acc["is_weight_max"], default=-math.inf)])
         sums["loss"].append(loss_total)
         sums["grad_norm"].append(grad_norm)
-        sums["clip_fraction"].append(float(np.mean(stats_acc.get("clip_fraction", [0.0]))))
-        sums["is_weight_mean"].append(float(np.mean(stats_acc.get("is_weight_mean", [1.0]))))
-        sums["is_weight_max"].append(float(np.max(stats_acc.get("is_weight_max", [1.0]))))
+        sums["clip_fraction"].append(clip_sum / n_micro if n_micro else 0.0)
+        sums["is_weight_mean"].append(is_sum / n_micro if n_micro else 1.0)
+        sums["is_weight_max"].append(is_max if n_micro else 1.0)
+
+    def _passes(self, n_samples: int) -> int:
+        """Micro-batches (forward passes) `_micro_batches` makes of `n_samples` samples."""
+        return -(-n_samples // self.alg.micro_batch_size)
 
     def _micro_batches(self, samples: Sequence[Sample]):
         """(indices, samples) micro-batches of similar lengths (little padding)."""
