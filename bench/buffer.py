@@ -1,14 +1,19 @@
 """Throughput of producer -> trajectory buffer -> consumer against raw pyzmq PUSH/PULL of the same messages.
 
-Each episode has two ~10 KiB samples (solver + verifier: 1024 token ids, 768 behaviour log-probs), four
-episodes per group. Every side runs in its own process, as in a real deployment. Three runs:
+Each episode has two samples (solver + verifier), four episodes per group, in two sizes: 10 KiB samples
+(1024-token prompt, 768-token response: 1792 token ids and 768 behaviour log-probs, packed) and 32k-token
+samples (24k-token prompt, 8k-token response: 128 KiB of ids and 32 KiB of log-probs). Every side runs in
+its own process, as in a real deployment. Three runs per size:
 
 * buffer:        BufferProducer.send_episode -> TrajectoryBuffer -> BufferConsumer.pull (decoded groups)
 * raw, same work: PUSH of msgspec-encoded EpisodeMsg -> PULL + decode, holding as many decoded samples
                  at a time as one buffer pull returns (the endpoints do what ours do)
 * raw transport: PUSH of pre-encoded bytes -> PULL, no decoding (the wire's ceiling)
 
-    python bench/buffer.py [--episodes 3000] [--window 32]
+The headline is one line per size, `buffer/raw_wire = X.XXx`: the buffer path (decoded arrays at the
+consumer) against the wire's ceiling.
+
+    python bench/buffer.py [--sizes 10KiB,32k] [--episodes 3000] [--window 32]
 """
 
 from __future__ import annotations
@@ -22,22 +27,30 @@ import zmq
 
 AGENTS = {"solver": "m1", "verifier": "m2"}
 GROUP_SIZE = 4
+# name -> (prompt tokens, response tokens, default episodes per run: 20-30 MB through each path)
+SIZES = {"10KiB": (1024, 768, 1000), "32k": (24576, 8192, 100)}
+DESCRIPTIONS = {"10KiB": "10 KiB samples: 1792 token ids, 768 log-probs",
+                "32k": "32k-token samples: 128 KiB of ids, 32 KiB of log-probs"}
 
 
-def make_episodes(n_episodes: int, seed: int = 0) -> list[tuple[str, str, list]]:
-    """(group_id, episode_id, samples) per episode; built in each process, outside the timed part."""
+def make_episodes(n_episodes: int, shape: tuple[int, int], seed: int = 0) -> list[tuple[str, str, list]]:
+    """(group_id, episode_id, samples) per episode; built in each process, outside the timed part. The
+    arrays are handed over as lists, so the same script measures a checkout from before packed samples."""
     from drmas.protocol import Sample
 
     rng = random.Random(seed)
+    n_prompt, n_response = shape
+    prompt = [rng.randrange(50_000) for _ in range(n_prompt)]
+    response = [rng.randrange(50_000) for _ in range(n_response)]
+    logprobs = [-rng.random() for _ in range(n_response)]
     episodes = []
     for index in range(n_episodes):
         group_id, episode_id = f"g{index // GROUP_SIZE}", f"e{index}"
         samples = [
             Sample(
                 episode_id=episode_id, group_id=group_id, agent=agent, model=model, turn=turn,
-                prompt_ids=[rng.randrange(50_000) for _ in range(256)],
-                response_ids=[rng.randrange(50_000) for _ in range(768)],
-                behaviour_logprobs=[-rng.random() for _ in range(768)],
+                prompt_ids=prompt[index % 7:] + prompt[:index % 7], response_ids=response,
+                behaviour_logprobs=logprobs,
                 policy_version=0, temperature=1.0, valid=True, reward=rng.random(),
             )
             for turn, (agent, model) in enumerate(AGENTS.items())
@@ -57,21 +70,23 @@ def _start_when_ready(ready: mp.Event, go: mp.Event) -> None:
 # ---- buffer path ----------------------------------------------------------------------------------
 
 
-def run_buffer_server(endpoints: mp.Queue, stop: mp.Event, capacity: int, validate: bool) -> None:
+def run_buffer_server(endpoints: mp.Queue, stop: mp.Event, capacity: int, validate: bool, window: int) -> None:
     from drmas.buffer import BufferConfig, TrajectoryBuffer
 
     config = BufferConfig(producer_endpoint="tcp://127.0.0.1:0", consumer_endpoint="tcp://127.0.0.1:0",
-                          capacity_samples=capacity, validate_samples=validate)
+                          capacity_samples=capacity, validate_samples=validate, window=window,
+                          max_message_bytes=64 << 20)
     buffer = TrajectoryBuffer(config, agent_models=AGENTS).start()
     endpoints.put((buffer.producer_endpoint, buffer.consumer_endpoint))
     stop.wait()
     buffer.stop()
 
 
-def run_buffer_producer(endpoint: str, n_episodes: int, window: int, ready: mp.Event, go: mp.Event) -> None:
+def run_buffer_producer(endpoint: str, n_episodes: int, shape: tuple[int, int], window: int, ready: mp.Event,
+                        go: mp.Event) -> None:
     from drmas.buffer import BufferProducer
 
-    episodes = make_episodes(n_episodes)
+    episodes = make_episodes(n_episodes, shape)
     with BufferProducer(endpoint, "bench", window=window, timeout_s=60) as producer:
         ready.set()
         go.wait()
@@ -80,14 +95,16 @@ def run_buffer_producer(endpoint: str, n_episodes: int, window: int, ready: mp.E
         producer.flush()
 
 
-def bench_buffer(n_episodes: int, window: int, capacity: int, validate: bool, pull_groups: int) -> float:
+def bench_buffer(n_episodes: int, shape: tuple[int, int], window: int, capacity: int, validate: bool,
+                 pull_groups: int) -> float:
     from drmas.buffer import BufferConsumer
 
     endpoints, stop, ready, go = mp.Queue(), mp.Event(), mp.Event(), mp.Event()
-    server = mp.Process(target=run_buffer_server, args=(endpoints, stop, capacity, validate))
+    server = mp.Process(target=run_buffer_server, args=(endpoints, stop, capacity, validate, window))
     server.start()
     producer_endpoint, consumer_endpoint = endpoints.get(timeout=60)
-    producer = mp.Process(target=run_buffer_producer, args=(producer_endpoint, n_episodes, window, ready, go))
+    producer = mp.Process(target=run_buffer_producer,
+                          args=(producer_endpoint, n_episodes, shape, window, ready, go))
     producer.start()
     total = n_episodes * len(AGENTS)
     try:
@@ -98,6 +115,8 @@ def bench_buffer(n_episodes: int, window: int, capacity: int, validate: bool, pu
             while received < total:
                 groups = consumer.pull(list(AGENTS), max_groups=pull_groups, wait_ms=1000)
                 received += sum(len(g.samples) for g in groups)
+                if not groups and time.perf_counter() - start > 600:
+                    raise TimeoutError(f"buffer path stalled at {received} of {total} samples")
             elapsed = time.perf_counter() - start
     finally:
         producer.join(60)
@@ -109,12 +128,13 @@ def bench_buffer(n_episodes: int, window: int, capacity: int, validate: bool, pu
 # ---- raw pyzmq path -------------------------------------------------------------------------------
 
 
-def run_raw_producer(endpoint: str, n_episodes: int, pre_encode: bool, ready: mp.Event, go: mp.Event) -> None:
+def run_raw_producer(endpoint: str, n_episodes: int, shape: tuple[int, int], pre_encode: bool, ready: mp.Event,
+                     go: mp.Event) -> None:
     from drmas.buffer.messages import EpisodeMsg, encode_message
 
     messages = [
         EpisodeMsg(producer="bench", seq=i, group_id=g, group_size=GROUP_SIZE, episode_id=e, samples=s)
-        for i, (g, e, s) in enumerate(make_episodes(n_episodes))
+        for i, (g, e, s) in enumerate(make_episodes(n_episodes, shape))
     ]
     payloads = [encode_message(m) for m in messages] if pre_encode else None
     sock = zmq.Context.instance().socket(zmq.PUSH)
@@ -130,14 +150,15 @@ def run_raw_producer(endpoint: str, n_episodes: int, pre_encode: bool, ready: mp
     sock.close(linger=-1)
 
 
-def bench_raw(n_episodes: int, decode: bool, hold_samples: int) -> float:
+def bench_raw(n_episodes: int, shape: tuple[int, int], decode: bool, hold_samples: int) -> float:
     """PULL side; decoded episodes are held until `hold_samples` accumulate, as a buffer pull holds them."""
     from drmas.buffer.messages import decode_message
 
     sock = zmq.Context.instance().socket(zmq.PULL)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     ready, go = mp.Event(), mp.Event()
-    producer = mp.Process(target=run_raw_producer, args=(f"tcp://127.0.0.1:{port}", n_episodes, not decode, ready, go))
+    producer = mp.Process(target=run_raw_producer,
+                          args=(f"tcp://127.0.0.1:{port}", n_episodes, shape, not decode, ready, go))
     producer.start()
     _start_when_ready(ready, go)
     start, received, total = time.perf_counter(), 0, n_episodes * len(AGENTS)
@@ -157,11 +178,37 @@ def bench_raw(n_episodes: int, decode: bool, hold_samples: int) -> float:
     return total / elapsed
 
 
+def bench_size(name: str, args: argparse.Namespace) -> None:
+    """Interleaved runs of the three paths for one sample size; prints the best rates and the headline."""
+    n_prompt, n_response, default_episodes = SIZES[name]
+    shape, episodes = (n_prompt, n_response), args.episodes or default_episodes
+    # 4096 samples of 1k tokens as before; at least 1024, so 32k-token samples do not run in lockstep
+    capacity = args.capacity or max(1024, (4096 * 1024) // (n_prompt + n_response))
+    hold = args.pull_groups * GROUP_SIZE
+    runs: dict[str, list[float]] = {"buffer": [], "raw_work": [], "raw_wire": []}
+    for _ in range(args.repeats):  # interleaved, so a burst of load elsewhere hits every path alike
+        runs["buffer"].append(bench_buffer(episodes, shape, args.window, capacity, not args.no_validate,
+                                           args.pull_groups))
+        runs["raw_work"].append(bench_raw(episodes, shape, decode=True, hold_samples=hold))
+        runs["raw_wire"].append(bench_raw(episodes, shape, decode=False, hold_samples=hold))
+    best = {path: max(rates) for path, rates in runs.items()}
+    print(f"[{DESCRIPTIONS[name]}; {episodes} episodes a run]")
+    print("samples/s per run:", {path: [round(r) for r in rates] for path, rates in runs.items()})
+    print(f"buffer (producer -> buffer -> consumer): {best['buffer']:10.0f} samples/s (best of {args.repeats})")
+    print(f"raw PUSH/PULL, encode + decode:          {best['raw_work']:10.0f} samples/s   "
+          f"ratio buffer/raw = {best['buffer'] / best['raw_work']:.2f}x")
+    print(f"raw PUSH/PULL, pre-encoded, no decode:   {best['raw_wire']:10.0f} samples/s")
+    print(f"buffer/raw_wire = {best['buffer'] / best['raw_wire']:.2f}x  ({DESCRIPTIONS[name]})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=3000, help="episodes per run (2 samples each)")
+    parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated sample sizes of {list(SIZES)}")
+    parser.add_argument("--episodes", type=int, default=0,
+                        help="episodes per run (2 samples each); default: per size, 20-30 MB a run")
     parser.add_argument("--window", type=int, default=32, help="producer window (unacknowledged episodes)")
-    parser.add_argument("--capacity", type=int, default=4096, help="buffer capacity in samples")
+    parser.add_argument("--capacity", type=int, default=0,
+                        help="buffer capacity in samples (default: per size, 4M tokens and at least 1024 samples)")
     parser.add_argument("--pull-groups", type=int, default=32,
                         help="max agent groups per pull, like a learner collecting a step; the raw consumer holds "
                              "as many decoded samples at once (holding many costs Python more per sample)")
@@ -169,20 +216,10 @@ def main() -> None:
     parser.add_argument("--no-validate", action="store_true", help="buffer checks only sample routing headers")
     args = parser.parse_args()
     mp.set_start_method("spawn")
-    runs: dict[str, list[float]] = {"buffer": [], "raw_work": [], "raw_wire": []}
-    for _ in range(args.repeats):  # interleaved, so a burst of load elsewhere hits every path alike
-        rate = bench_buffer(args.episodes, args.window, args.capacity, not args.no_validate, args.pull_groups)
-        runs["buffer"].append(rate)
-        hold = args.pull_groups * GROUP_SIZE
-        runs["raw_work"].append(bench_raw(args.episodes, decode=True, hold_samples=hold))
-        runs["raw_wire"].append(bench_raw(args.episodes, decode=False, hold_samples=hold))
-    best = {name: max(rates) for name, rates in runs.items()}
-    print("samples/s per run:", {name: [round(r) for r in rates] for name, rates in runs.items()})
-    print(f"buffer (producer -> buffer -> consumer): {best['buffer']:10.0f} samples/s (best of {args.repeats})")
-    print(f"raw PUSH/PULL, encode + decode:          {best['raw_work']:10.0f} samples/s   "
-          f"ratio buffer/raw = {best['buffer'] / best['raw_work']:.2f}x")
-    print(f"raw PUSH/PULL, pre-encoded, no decode:   {best['raw_wire']:10.0f} samples/s   "
-          f"ratio buffer/raw = {best['buffer'] / best['raw_wire']:.2f}x")
+    for name in args.sizes.split(","):
+        if name not in SIZES:
+            parser.error(f"unknown size {name!r}; known: {list(SIZES)}")
+        bench_size(name, args)
 
 
 if __name__ == "__main__":
