@@ -11,6 +11,7 @@ log-probs, the loss and the gradient norm are computed in float32 either way. On
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 
 import torch
@@ -38,6 +39,21 @@ def resolve_device(spec: str, key: str) -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"{key}={spec}: only {torch.cuda.device_count()} CUDA device(s) visible")
     return device
+
+
+def check_ranks(spec: str, ranks: int, key: str) -> None:
+    """Refuse, naming `key`, `ranks` learner ranks of a model placed at `spec` that this machine cannot hold:
+    each rank takes a GPU of its own (the first `ranks` visible ones) or, on CPU, at least one core."""
+    if ranks <= 1:
+        return
+    device = resolve_device(spec, key.rsplit(".", 1)[0] + ".device")
+    if device.type == "cuda":
+        have, what = torch.cuda.device_count(), "GPU(s) visible (CUDA_VISIBLE_DEVICES decides which)"
+    else:
+        have, what = len(os.sched_getaffinity(0)), "CPU core(s) available to this process"
+    if ranks > have:
+        unit = "a GPU" if device.type == "cuda" else "a CPU core"
+        raise ValueError(f"{key}={ranks}: each learner rank needs {unit} of its own and this machine has {have} {what}")
 
 
 def training_autocast(device: torch.device) -> contextlib.AbstractContextManager:

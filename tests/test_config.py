@@ -151,3 +151,19 @@ def test_training_on_vllm_with_top_p_below_one_is_refused_naming_the_key():
     load_config(smoke, ["rollout.top_p=0.9"])  # the embedded engine reports the full distribution's log-probs
     with pytest.raises(ConfigError, match=r"rollout.engine_args: \['gpu_memory_utilization'\] are vLLM arguments"):
         load_config(smoke, ["rollout.engine_args={gpu_memory_utilization: 0.5}"])
+
+
+def test_learner_ranks_are_documented_and_impossible_values_name_the_key():
+    from drmas.config import iter_help
+
+    rows = {key: text for key, _, text in iter_help()}
+    assert "FSDP2" in rows["models.<model>.ranks"]
+    assert load_config(SMOKE, ["pipeline.mode=async", "models.policy.ranks=2"]).models["policy"].ranks == 2
+    for overrides, message in [
+        (["models.policy.ranks=0"], "models.policy.ranks: must be >= 1"),
+        (["pipeline.mode=colocated", "models.policy.ranks=2"], "models.policy.ranks=2: learner ranks need "
+                                                               "pipeline.mode=async"),
+        (["pipeline.mode=async", "models.policy.ranks=2", "models.policy.device=cuda:1"], "models.policy.ranks=2"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(SMOKE, overrides)

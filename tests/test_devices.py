@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,15 @@ def test_a_run_asking_for_a_gpu_that_is_not_there_exits_with_a_message(tmp_path)
                "models.policy.device=cuda", "eval.n_problems=0"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "models.policy.device=cuda" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_learner_ranks_beyond_the_machine_are_refused_naming_the_key():
+    from drmas.devices import check_ranks
+
+    cores = len(os.sched_getaffinity(0))
+    check_ranks("cpu", cores, "models.policy.ranks")  # one rank per core fits
+    with pytest.raises(ValueError, match=rf"models.policy.ranks={cores + 1}: each learner rank needs a CPU core"):
+        check_ranks("auto", cores + 1, "models.policy.ranks")
+    with pytest.raises(ValueError, match=r"models.policy.device=cuda: this process sees no CUDA device"):
+        check_ranks("cuda", 2, "models.policy.ranks")

@@ -90,3 +90,11 @@ def test_the_learner_logs_running_reward_statistics_to_tensorboard_and_at_the_en
         assert scalars[f"reward_stats/{agent}/std"][-1][1] == pytest.approx(std, rel=1e-6)
     final = [r.getMessage() for r in caplog.records if "running reward statistics" in r.getMessage()]
     assert final and "solver: mean=0.500 std=0.535 count=8 | verifier: mean=0.250 std=0.463 count=8" in final[-1]
+
+
+def test_a_learner_refuses_ranks_it_cannot_start_naming_the_key(tmp_path):
+    from drmas.learner.worker import LearnerWorker
+
+    cfg = load_config(SMOKE, ["pipeline.mode=async", "models.policy.ranks=2", f"trainer.output_dir={tmp_path}"])
+    with pytest.raises(ValueError, match=r"models.policy.ranks=2"):
+        LearnerWorker(cfg, "policy", StopFlag())

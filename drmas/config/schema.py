@@ -65,6 +65,13 @@ class ModelConfig:
         "else CPU), cpu, cuda or cuda:N. On CUDA a learner keeps float32 master weights and runs bfloat16 "
         "autocast. vLLM engines use the GPUs their process sees (CUDA_VISIBLE_DEVICES).",
     )
+    ranks: int = _f(
+        1, "Processes of this model's learner (async pipeline). N > 1 shards its weights, gradients and AdamW state "
+        "over N ranks with FSDP2 and splits every optimizer step's samples between them (data parallel; the loss "
+        "is still normalised over the whole step, gradients clipped by their global norm). Rank i uses the i-th "
+        "visible GPU with device auto/cuda, or a CPU core with device cpu: N above what the machine has is refused. "
+        "drmas-learner and drmas run do not start N > 1 ranks yet (they refuse it).",
+    )
     trainable: bool = _f(True, "Train this model (false: serve it frozen).")
     optim: OptimConfig = _f(OptimConfig, "Optimizer of this model.")
 

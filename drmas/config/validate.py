@@ -46,6 +46,14 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
             errors.append(f"{where}.device: {m.device!r} is not a device (auto, cpu, cuda or cuda:N)")
         if m.dtype not in DTYPES:
             errors.append(f"{where}.dtype: {m.dtype!r} is not one of {', '.join(DTYPES)}")
+        if m.ranks < 1:
+            errors.append(f"{where}.ranks: must be >= 1, got {m.ranks}")
+        elif m.ranks > 1 and cfg.pipeline.mode != "async":
+            errors.append(f"{where}.ranks={m.ranks}: learner ranks need pipeline.mode=async (the {cfg.pipeline.mode} "
+                          "loop trains in one process)")
+        elif m.ranks > 1 and DEVICE_SPEC.match(m.device) and ":" in m.device:
+            errors.append(f"{where}.ranks={m.ranks}: device {m.device} names one GPU; N ranks take the first N "
+                          "visible ones (device cuda or auto)")
         if m.optim.lr < 0:
             errors.append(f"{where}.optim.lr: must be >= 0, got {m.optim.lr}")
         if m.tiny.hidden_size % max(m.tiny.num_heads, 1) or m.tiny.hidden_size // max(m.tiny.num_heads, 1) < 32:

@@ -34,7 +34,7 @@ from drmas.buffer import BufferConsumer
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.endpoints import learner_address
-from drmas.devices import resolve_device
+from drmas.devices import check_ranks, resolve_device
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
 from drmas.learner.policy import PolicyTrainer
 from drmas.learner.running_stats import AgentRewardStats
@@ -69,6 +69,11 @@ class LearnerWorker:
         from drmas.models import load_model
 
         self.cfg, self.model_id, self.stop = cfg, model_id, stop
+        mcfg = cfg.models[model_id]
+        check_ranks(mcfg.device, mcfg.ranks, f"models.{model_id}.ranks")
+        if mcfg.ranks > 1:  # the update is sharded (drmas.learner.sharding); pulling, pushing, saving are not yet
+            raise ValueError(f"models.{model_id}.ranks={mcfg.ranks}: drmas-learner does not start learner ranks yet "
+                             "(buffer, weight push and checkpoints are single-process); use 1")
         self.out = claim_output_dir(Path(cfg.trainer.output_dir) / f"learner-{model_id}", cfg.trainer.resume,
                                     cfg.trainer.overwrite)
         add_log_file(self.out)
@@ -76,7 +81,6 @@ class LearnerWorker:
             torch.set_num_threads(cfg.trainer.threads)
         checkpoint.seed_everything(cfg.trainer.seed)
         self.agents = assembly.trained_agents(cfg, model_id)
-        mcfg = cfg.models[model_id]
         self.device = resolve_device(mcfg.device, f"models.{model_id}.device")
         self.model, self.tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype)
         self.model.to(self.device)
