@@ -106,6 +106,7 @@ class _SampleVersion(msgspec.Struct):
     schema_version: int = -1
 
 
+_min, _sum = np.minimum.reduce, np.add.reduce  # the ufunc reductions, without ndarray.min's Python wrapper
 _ENCODER = encoder()
 _SAMPLE_DECODER = decoder(Sample)
 _VERSION_DECODER = msgspec.msgpack.Decoder(_SampleVersion)
@@ -171,9 +172,9 @@ def check_sample(sample: Sample, max_tokens: Optional[int] = None) -> None:
         raise SampleError(
             REASON_TOO_LONG, f"sample {sample.episode_id}/{sample.turn} has {n_tokens} tokens > limit {max_tokens}"
         )
-    if sample.prompt_ids.min() < 0 or (len(sample.response_ids) and sample.response_ids.min() < 0):
+    if _min(sample.prompt_ids) < 0 or (len(sample.response_ids) and _min(sample.response_ids) < 0):
         raise SampleError(REASON_BAD_TOKEN, f"sample {sample.episode_id}/{sample.turn} has a negative token id")
     # one float64 sum instead of an isfinite mask: any NaN or inf makes it non-finite, finite float32
     # values (<= 3.4e38) cannot overflow it
-    if not math.isfinite(sample.behaviour_logprobs.sum(dtype=np.float64)):
+    if not math.isfinite(_sum(sample.behaviour_logprobs, dtype=np.float64)):
         raise SampleError(REASON_NON_FINITE, f"sample {sample.episode_id}/{sample.turn} has a non-finite log-prob")

@@ -59,8 +59,10 @@ def response_logprobs(model: torch.nn.Module, samples: Sequence[Sample], pad_id:
     ids, mask, positions = (t.to(device) for t in left_padded(samples, pad_id))
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
                 logits_to_keep=longest + 1)
-    temperatures = torch.tensor([effective_temperature(s.temperature) for s in samples], device=device)
-    # kept column k predicts column k+1; the last one (predicting past the end) is dropped
-    logp = torch.log_softmax(out.logits[:, :-1].float() / temperatures.view(-1, 1, 1), dim=-1)
+    logits = out.logits[:, :-1].float()  # kept column k predicts column k+1; the last predicts past the end
+    temperatures = [effective_temperature(s.temperature) for s in samples]
+    if any(t != 1.0 for t in temperatures):  # dividing by 1 is exact: skip a pass over rows x tokens x vocab
+        logits = logits / torch.tensor(temperatures, device=device).view(-1, 1, 1)
+    logp = torch.log_softmax(logits, dim=-1)
     token_logp = logp.gather(-1, ids[:, -longest:].unsqueeze(-1)).squeeze(-1)
     return [token_logp[row, longest - len(s.response_ids) :] for row, s in enumerate(samples)]
