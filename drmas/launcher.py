@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 from drmas import assembly
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
+from drmas.devices import check_ranks
 from drmas.endpoints import learner_address
 from drmas.process import StopFlag
 from drmas.restarts import RestartBook
@@ -77,6 +78,17 @@ def assign_ports(cfg: DrmasConfig) -> DrmasConfig:
     return cfg
 
 
+def _learner_command(cfg: DrmasConfig, model: str, base: list[str]) -> tuple[str, list[str]]:
+    """(module, args) of a model's learner: itself, or torchrun starting its `models.<id>.ranks` ranks."""
+    args = [*base, "--model", model]
+    ranks = cfg.models[model].ranks
+    if ranks == 1:
+        return "drmas.learner.main", args
+    rendezvous = ["--nnodes", "1", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
+                  "--master-port", str(_free_port("127.0.0.1"))]
+    return "torch.distributed.run", [*rendezvous, "-m", "drmas.learner.main", *args]
+
+
 def _free_port(host: str) -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
@@ -108,7 +120,7 @@ class Launcher:
         try:
             self._start("buffer", "buffer", "drmas.buffer.main", base)
             for model in assembly.trained_models(self.cfg):
-                self._start(f"learner-{model}", "learner", "drmas.learner.main", [*base, "--model", model])
+                self._start(f"learner-{model}", "learner", *_learner_command(self.cfg, model, base))
             for index in range(self.cfg.pipeline.num_rollouts):
                 self._start(f"rollout-{index}", "rollout", "drmas.rollout.main", [*base, "--index", str(index)])
             code = self._watch(stop)
@@ -129,6 +141,8 @@ class Launcher:
         run_dir = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
         for model_id in cfg.models:
             assembly.model_path(cfg, model_id)  # build once, here, before the children need it
+        for model_id in assembly.trained_models(cfg):  # the learners' ranks run on this machine
+            check_ranks(cfg.models[model_id].device, cfg.models[model_id].ranks, f"models.{model_id}.ranks")
         config_file = run_dir / "config.yaml"
         config_file.write_text(to_yaml(cfg))
         return run_dir, config_file

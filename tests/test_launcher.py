@@ -169,3 +169,23 @@ def test_smoke_async_config_trains_two_models_with_two_rollouts(tmp_path):
         records = read_metrics(out / f"learner-{model}" / "metrics.jsonl")
         assert [r["step"] for r in records] == [1, 2, 3]
         assert all(r[f"staleness/{agent}/max"] <= 1 for r in records)  # pipeline.max_staleness=1
+
+
+def test_smoke_async_with_two_learner_ranks_trains_and_writes_a_loadable_model(tmp_path):
+    """models.solver_model.ranks=2: drmas run starts that learner as 2 FSDP2 ranks under torchrun; rank 0
+    trains with the buffer and the rollouts, and its checkpoint is a plain HF directory."""
+    from drmas.checkpoint import latest_checkpoint
+    from drmas.models import load_model
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke_async.yaml"),
+               f"trainer.output_dir={out}", "models.solver_model.ranks=2", *ASYNC]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = read_metrics(out / "learner-solver_model" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["grad_norm/solver_model"] > 0 for r in records)
+    ckpt = latest_checkpoint(out / "learner-solver_model")
+    assert '"Qwen2ForCausalLM"' in (ckpt / "solver_model" / "config.json").read_text()
+    model, _ = load_model(ckpt / "solver_model")
+    assert sum(p.numel() for p in model.parameters()) > 0

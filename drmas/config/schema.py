@@ -70,7 +70,8 @@ class ModelConfig:
         "over N ranks with FSDP2 and splits every optimizer step's samples between them (data parallel; the loss "
         "is still normalised over the whole step, gradients clipped by their global norm). Rank i uses the i-th "
         "visible GPU with device auto/cuda, or a CPU core with device cpu: N above what the machine has is refused. "
-        "drmas-learner and drmas run do not start N > 1 ranks yet (they refuse it).",
+        "drmas run starts them (torchrun); by hand: torchrun --nproc-per-node N -m drmas.learner --model ID ... "
+        "Rank 0 alone talks to the buffer and the rollouts. Not yet: resuming (no sharded optimizer state).",
     )
     trainable: bool = _f(True, "Train this model (false: serve it frozen).")
     optim: OptimConfig = _f(OptimConfig, "Optimizer of this model.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from drmas.process import StopFlag, config_parser, load_or_exit, setup_logging
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"drmas-learner: --model {args.model!r} is not a trained model of this config ({', '.join(trained)})",
               file=sys.stderr)
         return 2
+    if int(os.environ.get("RANK", "0")) > 0:  # a further rank of a sharded learner (torchrun): follows rank 0
+        return follow_rank_0(cfg, args.model)
     try:
         require_fixed(cfg, buffer=True, learners=[args.model])
         worker = LearnerWorker(cfg, args.model, stop)
@@ -37,6 +40,27 @@ def main(argv: list[str] | None = None) -> int:
         log.info("stopped by %s at version %d", stop.signal_name or "request", version)
     else:
         log.info("done: version %d", version)
+    return 0
+
+
+def follow_rank_0(cfg, model_id: str) -> int:
+    """Ranks 1..N-1 of a model's learner: same model and trainer as rank 0, batches from it (see
+    `drmas.learner.rank_group`); they stop when rank 0 does (a signal is rank 0's to handle)."""
+    from drmas.learner.rank_group import BatchFanout, follow, learner_ranks
+    from drmas.learner.worker import trained_policy
+
+    mcfg = cfg.models[model_id]
+    try:
+        ranks, device = learner_ranks(mcfg.device, mcfg.ranks, model_id)
+    except ValueError as exc:
+        print(f"drmas-learner: {exc}", file=sys.stderr)
+        return 2
+    if cfg.trainer.threads > 0:
+        import torch
+
+        torch.set_num_threads(cfg.trainer.threads)
+    trainer, _ = trained_policy(cfg, model_id, ranks, device)
+    follow(trainer, BatchFanout(ranks))
     return 0
 
 

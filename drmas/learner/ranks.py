@@ -65,3 +65,7 @@ class SingleRank:
         """Every parameter whole, by name, as an engine's `load_weights` takes them."""
         for name, param in model.named_parameters():
             yield name, param.detach()
+
+    def saveable(self, model: torch.nn.Module, weights: list[tuple[str, torch.Tensor]]) -> torch.nn.Module:
+        """A model `save_pretrained` writes as a plain HF directory holding `weights` (here: the model)."""
+        return model

@@ -149,3 +149,15 @@ class ShardedRanks(SingleRank):
         for name, param in model.named_parameters():
             data = param.detach()
             yield name, data.full_tensor() if isinstance(data, DTensor) else data
+
+    def saveable(self, model: torch.nn.Module, weights: list[tuple[str, torch.Tensor]]) -> torch.nn.Module:
+        """An unsharded copy of `model` holding `weights`: saving the sharded model itself would write
+        DTensors and its wrapper class name (FSDP...) as the architecture, which vLLM cannot load."""
+        from transformers import AutoModelForCausalLM
+
+        plain = AutoModelForCausalLM.from_config(model.config, dtype=weights[0][1].dtype)
+        missing, unexpected = plain.load_state_dict(dict(weights), strict=False)
+        params = {name for name, _ in plain.named_parameters()}  # a tied weight appears once, under one name
+        if unexpected or [k for k in missing if k in params]:
+            raise ValueError(f"weights do not fit {type(plain).__name__}: missing {missing}, unexpected {unexpected}")
+        return plain

@@ -34,9 +34,9 @@ from drmas.buffer import BufferConsumer
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.endpoints import learner_address
-from drmas.devices import check_ranks, resolve_device
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
 from drmas.learner.policy import PolicyTrainer
+from drmas.learner.rank_group import BatchFanout, learner_ranks
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.sample_limits import SampleLimits
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars, staleness_scalars
@@ -58,6 +58,17 @@ def precision(device: torch.device, model: torch.nn.Module) -> str:
     return f"{dtype} weights, bfloat16 autocast" if device.type == "cuda" else f"{dtype}"
 
 
+def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device):
+    """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one)."""
+    from drmas.models import load_model
+
+    mcfg = cfg.models[model_id]
+    model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype)
+    model.to(device)
+    weights = {a: cfg.agents[a].loss_weight for a in assembly.trained_agents(cfg, model_id)}
+    return PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks), tokenizer
+
+
 class UpdateFailed(RuntimeError):
     """An update raised before changing the weights: the batch is dropped, the learner goes on."""
 
@@ -66,14 +77,12 @@ class LearnerWorker:
     def __init__(self, cfg: DrmasConfig, model_id: str, stop: StopFlag) -> None:
         if model_id not in assembly.trained_models(cfg):
             raise ValueError(f"model {model_id!r} is not trained by any agent (trained: {assembly.trained_models(cfg)})")
-        from drmas.models import load_model
-
         self.cfg, self.model_id, self.stop = cfg, model_id, stop
         mcfg = cfg.models[model_id]
-        check_ranks(mcfg.device, mcfg.ranks, f"models.{model_id}.ranks")
-        if mcfg.ranks > 1:  # the update is sharded (drmas.learner.sharding); pulling, pushing, saving are not yet
-            raise ValueError(f"models.{model_id}.ranks={mcfg.ranks}: drmas-learner does not start learner ranks yet "
-                             "(buffer, weight push and checkpoints are single-process); use 1")
+        if cfg.trainer.resume and mcfg.ranks > 1:
+            raise ValueError(f"models.{model_id}.ranks={mcfg.ranks} with trainer.resume: checkpoints of learner "
+                             "ranks hold no optimizer state yet (distributed checkpoints are not implemented)")
+        ranks, self.device = learner_ranks(mcfg.device, mcfg.ranks, model_id)
         self.out = claim_output_dir(Path(cfg.trainer.output_dir) / f"learner-{model_id}", cfg.trainer.resume,
                                     cfg.trainer.overwrite)
         add_log_file(self.out)
@@ -81,11 +90,10 @@ class LearnerWorker:
             torch.set_num_threads(cfg.trainer.threads)
         checkpoint.seed_everything(cfg.trainer.seed)
         self.agents = assembly.trained_agents(cfg, model_id)
-        self.device = resolve_device(mcfg.device, f"models.{model_id}.device")
-        self.model, self.tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype)
-        self.model.to(self.device)
-        weights = {a: cfg.agents[a].loss_weight for a in self.agents}
-        self.trainer = PolicyTrainer(model_id, self.model, mcfg.optim, cfg.algorithm, weights)
+        self.trainer, self.tokenizer = trained_policy(cfg, model_id, ranks, self.device)
+        self.model = self.trainer.model
+        self.fanout = BatchFanout(ranks)  # the other ranks' batches (none with one rank)
+        self.weights = list(self.trainer.named_tensors())  # whole, also when sharded: pushed, sent, saved
         self.stats = AgentRewardStats(window=cfg.algorithm.running_stats_window)
         self.version = 0
         self.saved_version = 0
@@ -103,7 +111,7 @@ class LearnerWorker:
 
     def _current_weights(self):
         """What a rollout that just joined receives (runs on the sender's thread, under `exclusive()`)."""
-        return self.version, list(self.trainer.named_tensors())
+        return self.version, list(self.weights)
 
     def run(self) -> int:
         """Train until `trainer.steps` versions (or a stop signal); returns the version reached."""
@@ -139,6 +147,7 @@ class LearnerWorker:
                     log.info(agent_line(self.version, scalars, self.agents, [self.model_id]))
                 if cfg.trainer.checkpoint_interval and self.version % cfg.trainer.checkpoint_interval == 0:
                     self._save()
+            self.fanout.finish()  # not on an exception: the other ranks may be inside a collective; torchrun ends them
             if self.version >= cfg.trainer.steps and not self.stop.is_set():
                 self._report_version(finished=True)
         finally:
@@ -167,15 +176,19 @@ class LearnerWorker:
         except Exception as exc:
             self.stats.load_state_dict(stats_before)
             raise UpdateFailed(f"advantages: {exc!r}") from exc
+        self.fanout.send(samples, adv)
         with self.sender.exclusive():
             try:
                 scalars.update(self.trainer.update(samples, adv, version=self.version))
             except Exception as exc:  # before optimizer.step: the weights are unchanged
+                if self.trainer.ranks.size > 1:  # the other ranks are inside this update's collectives
+                    raise
                 self.trainer.optimizer.zero_grad(set_to_none=True)
                 self.stats.load_state_dict(stats_before)
                 raise UpdateFailed(f"update: {exc!r}") from exc
             self.version += 1
-            report = self.sender.push(self.trainer.named_tensors(), self.version)
+            self.weights = list(self.trainer.named_tensors())
+            report = self.sender.push(self.weights, self.version)
         self._report_version()
         scalars.update({
             f"version/{m}": float(self.version),
@@ -220,9 +233,10 @@ class LearnerWorker:
     # ---- checkpoints -------------------------------------------------------------------------------
     def _save(self) -> Path:
         """Weights (HF directory), optimizer, running statistics and version, under `checkpoints/step_<version>`."""
+        ranks = self.trainer.ranks  # with N ranks: rank 0 writes the whole weights; no optimizer state yet
         path = checkpoint.save_checkpoint(
-            self.out, self.version, {self.model_id: (self.model, self.tokenizer)},
-            {self.model_id: self.trainer.state_dict()},
+            self.out, self.version, {self.model_id: (ranks.saveable(self.model, self.weights), self.tokenizer)},
+            {self.model_id: self.trainer.state_dict()} if ranks.size == 1 else {},
             {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict(),
              "lineage": self.lineage.state_dict()},
         )
