@@ -16,6 +16,7 @@ from drmas import assembly
 from drmas.config import load_config
 from drmas.launcher import assign_ports
 from drmas.metrics import read_metrics
+from cli_run import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -150,8 +151,7 @@ def test_launcher_stops_everything_when_a_child_cannot_be_restarted(tmp_path, sm
 
 def test_launcher_refuses_a_missing_model_before_starting_anything(tmp_path):
     out = tmp_path / "run"
-    done = subprocess.run(_drmas_run(out, f"models.policy.path={tmp_path / 'nowhere'}"), cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = run_cli(_drmas_run(out, f"models.policy.path={tmp_path / 'nowhere'}"), timeout=60, cwd=ROOT)
     assert done.returncode == 2 and "models.policy.path" in done.stderr and "nowhere" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout and "started" not in done.stdout
 
@@ -161,7 +161,7 @@ def test_smoke_async_config_trains_two_models_with_two_rollouts(tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke_async.yaml"),
                f"trainer.output_dir={out}", *ASYNC]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = run_cli(command, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert set(_pids(done.stdout)) == {"buffer", "learner-solver_model", "learner-verifier_model",
                                        "rollout-0", "rollout-1"}
@@ -180,7 +180,7 @@ def test_smoke_async_with_two_learner_ranks_trains_and_writes_a_loadable_model(t
     out = tmp_path / "run"
     command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke_async.yaml"),
                f"trainer.output_dir={out}", "models.solver_model.ranks=2", *ASYNC]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    done = run_cli(command, timeout=400, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = read_metrics(out / "learner-solver_model" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3]

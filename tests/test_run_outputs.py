@@ -4,7 +4,6 @@ and the restart policy that decides when a dead pipeline process comes back."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from drmas import checkpoint
 from drmas.restarts import EXIT_USAGE, RestartBook, RestartConfig
 from drmas.run_dir import OutputDirError, claim_output_dir
+from cli_run import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,14 +73,13 @@ def test_a_second_run_into_the_same_directory_is_refused_with_a_message(tmp_path
     command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke.yaml"),
                f"trainer.output_dir={out}", "trainer.steps=1", "eval.n_problems=0", "logging.tensorboard=false",
                "trainer.threads=1"]
-    first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    first = run_cli(command, timeout=300, cwd=ROOT)
     assert first.returncode == 0, first.stderr[-2000:]
     metrics = (out / "metrics.jsonl").read_text()
-    second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    second = run_cli(command, timeout=300, cwd=ROOT)
     assert second.returncode == 2 and "already holds a run" in second.stderr and "Traceback" not in second.stderr
     assert (out / "metrics.jsonl").read_text() == metrics  # untouched
-    third = subprocess.run([*command, "trainer.overwrite=true"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=300)
+    third = run_cli([*command, "trainer.overwrite=true"], timeout=300, cwd=ROOT)
     assert third.returncode == 0, third.stderr[-2000:]
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1  # one run's step, not two
 

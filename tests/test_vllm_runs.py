@@ -8,7 +8,6 @@ weights (`mismatch_kl/<model>` colocated, `logp_diff/<model>/<rollout>` async).
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from drmas.metrics import read_metrics  # noqa: E402
+from cli_run import run_cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM = ["rollout.engine=vllm", "rollout.engine_args={kv_cache_memory_bytes: 67108864}", "trainer.threads=1",
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(600)
 def _run(config: str, out: Path, *overrides: str) -> None:
     command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / config),
                f"trainer.output_dir={out}", *VLLM, *overrides]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    done = run_cli(command, timeout=420, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
