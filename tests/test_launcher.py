@@ -17,6 +17,7 @@ from drmas.config import load_config
 from drmas.launcher import assign_ports
 from drmas.metrics import read_metrics
 from cli_run import run_cli
+from pipeline_harness import smoke_async_models  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -156,7 +157,8 @@ def test_launcher_refuses_a_missing_model_before_starting_anything(tmp_path):
     assert "Traceback" not in done.stderr + done.stdout and "started" not in done.stdout
 
 
-def test_smoke_async_config_trains_two_models_with_two_rollouts(tmp_path):
+@pytest.mark.timeout(720)  # the module fixture may first build both smoke_async models
+def test_smoke_async_config_trains_two_models_with_two_rollouts(tmp_path, smoke_async_models):
     """configs/smoke_async.yaml: solver and verifier on separate models, so one learner each."""
     out = tmp_path / "run"
     command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke_async.yaml"),
@@ -171,7 +173,8 @@ def test_smoke_async_config_trains_two_models_with_two_rollouts(tmp_path):
         assert all(r[f"staleness/{agent}/max"] <= 1 for r in records)  # pipeline.max_staleness=1
 
 
-def test_smoke_async_with_two_learner_ranks_trains_and_writes_a_loadable_model(tmp_path):
+@pytest.mark.timeout(720)  # the module fixture may first build both smoke_async models
+def test_smoke_async_with_two_learner_ranks_trains_and_writes_a_loadable_model(tmp_path, smoke_async_models):
     """models.solver_model.ranks=2: drmas run starts that learner as 2 FSDP2 ranks under torchrun; rank 0
     trains with the buffer and the rollouts, and its checkpoint is a plain HF directory."""
     from drmas.checkpoint import latest_checkpoint
