@@ -25,7 +25,7 @@ workflow with SmolLM2-135M-Instruct as both models (two copies, two optimisers):
 
     python bench/stability.py --quick --out runs/stability_quick            # < 5 min on 2 cores
     python bench/stability.py --out runs/stability --png docs/stability.png  # full: 3 seeds x 120 steps x 3 modes
-    python bench/stability.py --setting smollm2 --out runs/stability_smollm2
+    python bench/stability.py --setting smollm2 --out runs/stability_smollm2   # 1 seed x 5 steps x 3 modes
     python bench/stability.py --replot runs/stability [--png docs/stability.png]   # table + plot from the JSON
 
 Extra `key=value` arguments override the config of every run. Runs go to OUT/<mode>/seed<N>/ (metrics.jsonl,
@@ -53,9 +53,11 @@ from stability_stats import (measured_second_moment, over_seeds, predicted_secon
 
 MODES = ("agent", "global", "step_global")
 SETTINGS = {
-    "tiny": {"config": "configs/stability.yaml", "seeds": 3, "steps": 120, "quick_seeds": 2, "quick_steps": 12},
-    "smollm2": {"config": "configs/stability_smollm2.yaml", "seeds": 1, "steps": 8, "quick_seeds": 1,
-                "quick_steps": 2},
+    "tiny": {"config": "configs/stability.yaml", "seeds": 3, "steps": 120, "quick_seeds": 2, "quick_steps": 12,
+             "jobs": 2},
+    # one run at a time: a SmolLM2 run (two models, their engines and optimisers) holds ~12 GB at its peak
+    "smollm2": {"config": "configs/stability_smollm2.yaml", "seeds": 1, "steps": 5, "quick_seeds": 1,
+                "quick_steps": 2, "jobs": 1},
 }
 
 
@@ -229,7 +231,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, help="number of seeds (0..N-1)")
     parser.add_argument("--steps", type=int, help="optimizer steps per run")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--jobs", type=int, default=2, help="runs trained at the same time (one process each)")
+    parser.add_argument("--jobs", type=int, help="runs trained at the same time, one process each (default: the "
+                        "setting's, 2 for tiny, 1 for smollm2)")
     parser.add_argument("--out", default="runs/stability")
     parser.add_argument("--png", help="where the plot goes (default OUT/stability.png)")
     parser.add_argument("--replot", metavar="OUT", help="only redo the table and plot from OUT/stability.json")
@@ -243,19 +246,20 @@ def main() -> None:
     seeds = args.seeds or setting["quick_seeds" if args.quick else "seeds"]
     steps = args.steps or setting["quick_steps" if args.quick else "steps"]
     config = args.config or setting["config"]
+    n_jobs = args.jobs or setting["jobs"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(config, mode, seed, steps, args.overrides, str(out / mode / f"seed{seed}"))
             for seed in range(seeds) for mode in args.modes.split(",")]
     start = time.monotonic()
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=max(1, n_jobs), mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(train_one, *job) for job in jobs]
         runs = []
         for job, future in zip(jobs, futures):
             runs.append(future.result())
             print(f"done {job[1]} seed {job[2]}: {runs[-1]['wall_s']:.0f} s", flush=True)
     meta = {"setting": args.setting, "config": config, "seeds": list(range(seeds)), "steps": steps,
-            "overrides": args.overrides, "quick": args.quick, "jobs": args.jobs, "wall_s": time.monotonic() - start,
+            "overrides": args.overrides, "quick": args.quick, "jobs": n_jobs, "wall_s": time.monotonic() - start,
             "cpu_s": sum(r["cpu_s"] for r in runs), "commit": _commit(), "cpus": os.cpu_count()}
     write_outputs({"meta": meta, "summary": aggregate(runs), "runs": runs}, out, Path(args.png or out / "stability.png"))
 
