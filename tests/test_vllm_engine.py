@@ -200,7 +200,7 @@ def test_streamed_episodes_equal_round_by_round_ones_in_fewer_engine_steps(smoke
     for barrier in (True, False):
         counting = _Counting(smoke_engine)
         runner, requests = _math_runner(counting, barrier)
-        results[barrier] = [[(s.agent, s.response_ids) for s in r.samples] for r in runner.run(requests)]
+        results[barrier] = [[(s.agent, s.response_ids.tolist()) for s in r.samples] for r in runner.run(requests)]
         steps[barrier] = counting.steps
     assert results[False] == results[True]  # the same episodes, token for token
     assert steps[False] < steps[True], steps  # next turns started while other turns were still decoding
@@ -223,7 +223,7 @@ def test_a_held_engine_gets_nothing_new_until_released_and_an_interrupt_redoes_t
             runner.release("policy")
 
     runner, requests = _math_runner(counting, barrier=False, on_round=between_steps)
-    interrupted = [[(s.agent, s.response_ids) for s in r.samples] for r in runner.run(requests)]
+    interrupted = [[(s.agent, s.response_ids.tolist()) for s in r.samples] for r in runner.run(requests)]
     plain_runner, _ = _math_runner(engine, barrier=False)
-    plain = [[(s.agent, s.response_ids) for s in r.samples] for r in plain_runner.run(requests)]
+    plain = [[(s.agent, s.response_ids.tolist()) for s in r.samples] for r in plain_runner.run(requests)]
     assert seen["interrupted"] and interrupted == plain and engine.in_progress() == 0
