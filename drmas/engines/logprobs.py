@@ -36,12 +36,39 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Ten
     return ids, mask, positions
 
 
-def _temperatures(temperature: float | Sequence[float], rows: int) -> torch.Tensor:
-    """Per-row effective temperatures as a float32 column broadcastable over [rows, tokens, vocab]."""
-    values = [temperature] * rows if isinstance(temperature, (int, float)) else list(temperature)
-    if len(values) != rows:
-        raise ValueError(f"got {len(values)} temperatures for {rows} sequences")
-    return torch.tensor([effective_temperature(t) for t in values], dtype=torch.float32).view(rows, 1, 1)
+def padded_response_logprobs(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+    response_lengths: Sequence[int],
+    temperatures: Sequence[float],
+) -> list[torch.Tensor]:
+    """The one computation behind both sides of the contract: a left-padded batch of prompt + response (as
+    `left_pad` makes it, responses right-aligned) -> the log-prob of every response token at its row's
+    effective temperature.
+
+    Only the last ``max_response_len + 1`` positions go through the LM head, so memory is
+    ``rows x max_response_len x vocab`` floats, not the whole sequence. Gradients flow when grad mode is on.
+    Returns one float32 tensor of length ``response_lengths[row]`` per row, on the model's device.
+    """
+    rows = ids.shape[0]
+    if len(response_lengths) != rows or len(temperatures) != rows:
+        raise ValueError(f"{rows} rows but {len(response_lengths)} response lengths and {len(temperatures)} temperatures")
+    device = next(model.parameters()).device
+    longest = max(response_lengths, default=0)
+    if longest == 0:
+        return [torch.zeros(0, device=device) for _ in range(rows)]
+    ids = ids.to(device)
+    out = model(input_ids=ids, attention_mask=mask.to(device), position_ids=positions.to(device), use_cache=False,
+                logits_to_keep=longest + 1)
+    logits = out.logits[:, :-1].float()  # kept column k predicts column k+1; the last predicts past the end
+    effective = [effective_temperature(t) for t in temperatures]
+    if any(t != 1.0 for t in effective):  # dividing by 1 is exact: skip a pass over rows x tokens x vocab
+        logits = logits / torch.tensor(effective, dtype=torch.float32, device=device).view(rows, 1, 1)
+    logp = torch.log_softmax(logits, dim=-1)
+    token_logp = logp.gather(-1, ids[:, -longest:].unsqueeze(-1)).squeeze(-1)  # responses are right-aligned
+    return [token_logp[row, longest - n :] for row, n in enumerate(response_lengths)]
 
 
 def sequence_logprobs(
@@ -53,10 +80,9 @@ def sequence_logprobs(
 ) -> list[torch.Tensor]:
     """Log-prob of every response token given its prompt, at ``temperature`` (one value or one per row).
 
-    One padded forward pass over prompt+response; gradients flow when grad mode is on (wrap the call in
-    ``torch.no_grad()`` when they are not wanted). Only the last ``max_response_len + 1`` positions go
-    through the LM head, so memory is ``rows x max_response_len x vocab`` floats, not the whole sequence.
-    Returns one float32 tensor of length ``len(response)`` per row, on the model's device.
+    One padded forward pass over prompt+response (`padded_response_logprobs`); gradients flow when grad
+    mode is on (wrap the call in ``torch.no_grad()`` when they are not wanted). Returns one float32 tensor of
+    length ``len(response)`` per row, on the model's device.
     """
     if len(prompt_ids_list) != len(response_ids_list):
         raise ValueError(f"{len(prompt_ids_list)} prompts but {len(response_ids_list)} responses")
@@ -65,21 +91,10 @@ def sequence_logprobs(
     rows = len(prompt_ids_list)
     if rows == 0:
         return []
-    longest = max(len(r) for r in response_ids_list)
-    if longest == 0:
+    temperatures = [temperature] * rows if isinstance(temperature, (int, float)) else list(temperature)
+    if len(temperatures) != rows:
+        raise ValueError(f"got {len(temperatures)} temperatures for {rows} sequences")
+    if max(len(r) for r in response_ids_list) == 0:
         return [torch.zeros(0) for _ in range(rows)]
-    device = next(model.parameters()).device
     ids, mask, positions = left_pad([list(p) + list(r) for p, r in zip(prompt_ids_list, response_ids_list)], pad_id)
-    out = model(
-        input_ids=ids.to(device),
-        attention_mask=mask.to(device),
-        position_ids=positions.to(device),
-        use_cache=False,
-        logits_to_keep=longest + 1,
-    )
-    # Kept column k predicts column k+1, so the last column (predicting past the end) is dropped.
-    logits = out.logits[:, :-1].float() / _temperatures(temperature, rows).to(device)
-    logp = torch.log_softmax(logits, dim=-1)
-    targets = ids[:, -longest:].to(device)  # responses are right-aligned in these columns
-    token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return [token_logp[row, longest - len(r) :] for row, r in enumerate(response_ids_list)]
+    return padded_response_logprobs(model, ids, mask, positions, [len(r) for r in response_ids_list], temperatures)

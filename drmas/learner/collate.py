@@ -4,10 +4,9 @@ Samples arrive as int32/float32 numpy views (`drmas.packed`). Building a batch f
 at a time (what `torch.tensor(list)` does) cost milliseconds per 32k-token sample; here each row is one
 numpy slice assignment into a preallocated array, then one `torch.from_numpy` and one transfer.
 
-`response_logprobs` is the learner's side of the contract in `drmas.engines.logprobs`: the same quantity
-as `sequence_logprobs` (left padding, positions restarting at each row's first token, only the response
-columns through the LM head, float32 log-softmax at the effective temperature), computed from a batch
-collated here. `tests/test_policy.py` checks that both agree.
+`response_logprobs` is the learner's side of the contract in `drmas.engines.logprobs`: the batch is collated
+here, and the log-probs come from the same `padded_response_logprobs` that `sequence_logprobs` uses.
+`tests/test_policy.py` checks that both agree.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from drmas.engines.logprobs import effective_temperature
+from drmas.engines.logprobs import padded_response_logprobs
 from drmas.protocol import Sample
 
 
@@ -52,17 +51,9 @@ def response_logprobs(model: torch.nn.Module, samples: Sequence[Sample], pad_id:
     sample, on the model's device."""
     if any(len(s.prompt_ids) == 0 for s in samples):
         raise ValueError("every prompt needs at least one token (the first response token is predicted from it)")
-    device = next(model.parameters()).device
-    longest = max((len(s.response_ids) for s in samples), default=0)
-    if longest == 0:
+    if max((len(s.response_ids) for s in samples), default=0) == 0:
+        device = next(model.parameters()).device
         return [torch.zeros(0, device=device) for _ in samples]
-    ids, mask, positions = (t.to(device) for t in left_padded(samples, pad_id))
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
-                logits_to_keep=longest + 1)
-    logits = out.logits[:, :-1].float()  # kept column k predicts column k+1; the last predicts past the end
-    temperatures = [effective_temperature(s.temperature) for s in samples]
-    if any(t != 1.0 for t in temperatures):  # dividing by 1 is exact: skip a pass over rows x tokens x vocab
-        logits = logits / torch.tensor(temperatures, device=device).view(-1, 1, 1)
-    logp = torch.log_softmax(logits, dim=-1)
-    token_logp = logp.gather(-1, ids[:, -longest:].unsqueeze(-1)).squeeze(-1)
-    return [token_logp[row, longest - len(s.response_ids) :] for row, s in enumerate(samples)]
+    ids, mask, positions = left_padded(samples, pad_id)
+    return padded_response_logprobs(model, ids, mask, positions, [len(s.response_ids) for s in samples],
+                                    [s.temperature for s in samples])
