@@ -1,7 +1,7 @@
 """The link of a `WeightReceiver`: the thread that joins a learner and keeps the pair alive.
 
 `Link` owns the ZeroMQ DEALER socket: it joins the learner (retrying with backoff while none answers),
-builds the pair group (or has the engine's workers build it, through `OwnerJobs`), heartbeats, and notices
+builds its end of the pair group (a `PairMember`, or has the engine's workers build theirs, through `OwnerJobs`), heartbeats, and notices
 when the learner is gone (no heartbeat reply for ``peer_timeout_s``, a Rejoin, or a failed transfer); then it
 tears the pair down and joins again. What it learns reaches the receiver as a `Session` (started or ended)
 and `Update`s (a Manifest arrived).
@@ -9,7 +9,6 @@ and `Update`s (a Manifest arrived).
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import logging
 import threading
@@ -19,16 +18,13 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable
 
-import torch.distributed as dist
 import zmq
 
 from drmas.netsec import CurveClientKeys
 from drmas.weights import messages as msg
-from drmas.weights.chunks import BufferPool, Layout
 from drmas.weights.config import WeightSyncConfig
-from drmas.weights.member import PairSpec, WorkerReceivers
-from drmas.weights.stream import ReceiveStream
-from drmas.weights.transport import Outbox, PairError, PairGroup, local_address_towards
+from drmas.weights.member import PairMember, PairSpec, WorkerReceivers
+from drmas.weights.transport import Outbox, PairError
 
 log = logging.getLogger(__name__)
 
@@ -73,42 +69,33 @@ class OwnerJobs:
 class Session:
     """One pair with one learner, from its Welcome until it breaks.
 
-    The pair's receiving end is either ``pair`` (this process is rank 1) or the engine's workers
+    The pair's receiving end is either ``member`` (this process is rank 1) or the engine's workers
     (``workers``, ranks 1..N), which are released through ``owner`` jobs.
     """
 
-    def __init__(self, welcome: msg.Welcome, pair: PairGroup | None, store: dist.Store | None,
+    def __init__(self, welcome: msg.Welcome, member: PairMember | None,
                  workers: WorkerReceivers | None = None, owner: OwnerJobs | None = None) -> None:
         self.pair_id = welcome.pair_id
         self.heartbeat_s = welcome.heartbeat_s
         self.peer_timeout_s = welcome.peer_timeout_s
-        self.pair = pair
+        self.member = member
         self.workers = workers
         self._owner = owner
-        self._store = store  # kept alive with the pair it rendezvoused on
         self.lock = threading.Lock()  # held by the thread applying an update over this pair
         self.broken: str | None = None  # set (by any thread) once the pair must not be used again
         self.last_reply = time.monotonic()
-        self._pool: BufferPool | None = None
-
-    def pool(self, layout: Layout) -> BufferPool:
-        """Receive buffers sized for ``layout``, reused across updates of this session."""
-        self._pool = ReceiveStream.pool_for(layout, self.pair.device, self._pool)
-        return self._pool
 
     def close(self) -> None:
         """Mark broken and release the pair once no update is using it (a running one ends by its timeout)."""
         if self.broken is None:
             self.broken = "closed"
         with self.lock:
-            if self.pair is not None:
-                self.pair.close()
+            if self.member is not None:
+                self.member.close()
             if self.workers is not None and self._owner is not None:
                 workers, pair_id = self.workers, self.pair_id
                 self._owner.submit(lambda: workers.close_weights(pair_id))
                 self.workers = None
-            self._store = None
-            self._pool = None
 
 
 class Update:
@@ -207,8 +194,7 @@ class Link(threading.Thread):
         """One Join attempt: Welcome within ``wait_s`` and a working pair, or None."""
         sock = self._new_socket()
         nonce = next(self._nonce)
-        ranks = self._workers.weight_ranks() if self._workers is not None else 1
-        self._send(msg.Join(self._receiver_id, self._model, nonce, ranks=ranks))
+        self._send(msg.Join(self._receiver_id, self._model, nonce, ranks=self._ranks()))
         deadline = time.monotonic() + wait_s
         while not self.stopping.is_set():
             self.outbox.drain()  # Ready/Ack of a finished pair: nobody wants them now
@@ -228,26 +214,29 @@ class Link(threading.Thread):
                 return self._connect(reply)
         return None
 
+    def _ranks(self) -> int:
+        """Receiving ranks this rollout brings: its engine's workers, or this process alone."""
+        return self._workers.weight_ranks() if self._workers is not None else 1
+
     def _connect(self, welcome: msg.Welcome) -> Session | None:
         host = welcome.store_host or self._endpoint.split("://", 1)[1].rsplit(":", 1)[0]
         timeout_s = max(welcome.timeout_s, self._cfg.timeout_s)  # never give up before the learner does
+        spec = PairSpec(welcome.pair_id, host, welcome.store_port, welcome.backend, timeout_s, 1 + self._ranks())
         if self._workers is not None:
-            return self._connect_workers(welcome, host, timeout_s)
+            return self._connect_workers(welcome, spec)
         try:
-            store = dist.TCPStore(host, welcome.store_port, None, False, datetime.timedelta(seconds=timeout_s))
-            pair = PairGroup.connect(store, welcome.pair_id, 1, welcome.backend, timeout_s, local_address_towards(host))
+            member = PairMember(spec, rank=1)
         except (RuntimeError, PairError) as error:
             log.warning("weights: %s could not build pair %s: %s", self._receiver_id, welcome.pair_id, error)
             return None
         log.info("weights: %s joined %s (pair %s, %s)",
                  self._receiver_id, self._endpoint, welcome.pair_id, welcome.backend)
-        return Session(welcome, pair, store)
+        return Session(welcome, member)
 
-    def _connect_workers(self, welcome: msg.Welcome, host: str, timeout_s: float) -> Session | None:
+    def _connect_workers(self, welcome: msg.Welcome, spec: PairSpec) -> Session | None:
         """Have the engine's workers build the pair (in the thread that drives the engine, see `OwnerJobs`)."""
         workers, owner = self._workers, self._owner
-        ranks = workers.weight_ranks()
-        spec = PairSpec(welcome.pair_id, host, welcome.store_port, welcome.backend, timeout_s, 1 + ranks)
+        ranks, timeout_s = spec.world_size - 1, spec.timeout_s
         future = owner.submit(lambda: workers.connect_weights(spec))
         deadline = time.monotonic() + 2 * timeout_s  # the engine thread may first finish a generation step
         while not self.stopping.is_set():
@@ -263,7 +252,7 @@ class Link(threading.Thread):
                 break
             log.info("weights: %s joined %s (pair %s, %s, %d engine workers receiving)",
                      self._receiver_id, self._endpoint, welcome.pair_id, welcome.backend, ranks)
-            return Session(welcome, None, None, workers=workers, owner=owner)
+            return Session(welcome, None, workers=workers, owner=owner)
         if not future.cancel() and not future.done() and not self.stopping.is_set():
             log.warning("weights: %s: the engine did not build pair %s within %.0f s",
                         self._receiver_id, welcome.pair_id, 2 * timeout_s)

@@ -1,4 +1,5 @@
-"""Receiving ranks that live outside the rollout process: an engine's workers taking the broadcasts themselves.
+"""The receiving end of a pair, wherever it lives: the rollout process itself (rank 1), or an engine's workers
+taking the broadcasts themselves (ranks 1..N).
 
 With vLLM on GPUs (and with tensor parallelism anywhere) the weights must end up in the engine's worker
 processes, each holding its shard. Receiving them in the rollout process and handing them on would cross a
@@ -8,14 +9,15 @@ memory when the learner sends CUDA tensors) and loads the full tensors, from whi
 that worker's shard. The rollout process keeps the control side (join, heartbeats, Ready/Ack) and only asks
 its engine to connect, receive and close, always from the thread that drives the engine.
 
-`PairSpec` is what the rollout hands its workers to build their end of a pair; `PairMember` is one worker's
-end. An engine offers worker-side receiving by implementing `WorkerReceivers`.
+`PairSpec` says how to build a receiving end of a pair (the rollout hands it to its workers); `PairMember`
+is one receiving rank's end, used by the rollout process and by each worker alike. An engine offers
+worker-side receiving by implementing `WorkerReceivers`.
 """
 
 from __future__ import annotations
 
 import datetime
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import msgspec
 import torch.distributed as dist
@@ -84,10 +86,12 @@ class PairMember:
                                       local_address_towards(spec.store_host), world_size=spec.world_size)
         self._pool: BufferPool | None = None
 
-    def stream(self, layout: Layout) -> ReceiveStream:
-        """A stream over the next update: iterate its ``tensors()`` into the model, then call ``finish()``."""
+    def stream(self, layout: Layout, on_start: Callable[[], None] = lambda: None,
+               broken: Callable[[], str | None] = lambda: None) -> ReceiveStream:
+        """A stream over the next update: iterate its ``tensors()`` into the model, then call ``finish()``
+        (``on_start`` and ``broken`` as in `ReceiveStream`)."""
         self._pool = ReceiveStream.pool_for(layout, self.pair.device, self._pool)
-        return ReceiveStream(self.pair, layout, self._pool)
+        return ReceiveStream(self.pair, layout, self._pool, on_start=on_start, broken=broken)
 
     def close(self) -> None:
         self.pair.close()

@@ -40,7 +40,6 @@ from drmas.weights import messages as msg
 from drmas.weights.config import WeightSyncConfig
 from drmas.weights.link import Link, OwnerJobs, Session, Update
 from drmas.weights.member import WorkerReceivers
-from drmas.weights.stream import ReceiveStream
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +188,8 @@ class WeightReceiver:
         with session.lock:
             if session.broken is not None:
                 return None
-            stream = ReceiveStream(
-                session.pair, manifest.layout, session.pool(manifest.layout),
+            stream = session.member.stream(
+                manifest.layout,
                 on_start=lambda: self._link_send(msg.Ready(session.pair_id, manifest.version)),
                 broken=lambda: session.broken,
             )
@@ -209,11 +208,7 @@ class WeightReceiver:
             self._link_send(msg.Ack(session.pair_id, manifest.version, error is None, repr(error) if error else ""))
         if error is not None:
             raise error
-        with self._cond:
-            self._version = manifest.version
-            self.last_apply_s = elapsed
-            self._cond.notify_all()
-        return manifest.version
+        return self._applied(manifest.version, elapsed)
 
     def _apply_in_workers(self, update: Update) -> int | None:
         """The engine's workers receive and load the update themselves. Any failure there breaks the pair (a
@@ -234,11 +229,15 @@ class WeightReceiver:
                 return None
             elapsed = time.monotonic() - start
             self._link_send(msg.Ack(session.pair_id, manifest.version, True))
+        return self._applied(manifest.version, elapsed)
+
+    def _applied(self, version: int, elapsed: float) -> int:
+        """Record that ``version`` is in the engine (it took ``elapsed`` seconds) and wake its waiters."""
         with self._cond:
-            self._version = manifest.version
+            self._version = version
             self.last_apply_s = elapsed
             self._cond.notify_all()
-        return manifest.version
+        return version
 
     def _wake(self) -> None:
         with self._cond:
