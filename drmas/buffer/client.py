@@ -93,7 +93,7 @@ class _Client:
 
     def _send(self, message: object) -> None:
         try:
-            self._socket.send(encode_message(message))
+            self._socket.send(encode_message(message), copy=False)  # large episodes: no second copy
         except zmq.Again:
             raise TimeoutError(
                 f"could not send to trajectory buffer at {self.endpoint} within {self.timeout_s}s (send queue full)"
@@ -105,9 +105,9 @@ class _Client:
             remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
             if not self._socket.poll(remaining_ms, zmq.POLLIN):
                 return None
-            data = self._socket.recv()
+            frame = self._socket.recv(copy=False)  # a batch's samples stay views into the received message
             try:
-                reply = decode_client_reply(data)
+                reply = decode_client_reply(frame.buffer)
             except MessageError as exc:  # a newer buffer, or corruption: skip, but say so
                 log.warning("ignoring an undecodable reply from %s: %s", self.endpoint, exc)
                 continue

@@ -205,24 +205,27 @@ class RouterServer:
     def _drain(self, sock: zmq.Socket, handler: Callable[[bytes, object], None]) -> None:
         for _ in range(_MAX_BATCH):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             self._handle_frames(sock, frames, handler)
 
-    def _handle_frames(self, sock: zmq.Socket, frames: list[bytes], handler: Callable[[bytes, object], None]) -> None:
-        """Decode one message and dispatch it; every failure is counted and answered, never raised."""
-        identity = frames[0]
+    def _handle_frames(self, sock: zmq.Socket, frames: list[zmq.Frame], handler: Callable[[bytes, object], None]) -> None:
+        """Decode one message and dispatch it; every failure is counted and answered, never raised.
+
+        Frames are received without a copy: samples stay views into the received message (a `msgspec.Raw`
+        keeps it alive) until they are forwarded, so a sample's bytes are copied once on the way through."""
+        identity = frames[0].bytes
         seq = -1
         try:
             if len(frames) != 2:
                 raise MessageError(REJECT_FRAMING, f"expected 1 payload frame, got {len(frames) - 1}")
-            message = decode_buffer_request(frames[1], self.config.max_message_bytes)
+            message = decode_buffer_request(frames[1].buffer, self.config.max_message_bytes)
             seq = message.seq
             handler(identity, message)
         except (MessageError, EpisodeRefused) as exc:
             if seq == -1 and len(frames) == 2:
-                seq = recover_seq(frames[1])
+                seq = recover_seq(frames[1].buffer)
             self._refuse(sock, identity, seq, exc.reason, exc.detail)
         except Exception as exc:  # a bug must cost one message, not the buffer
             log.exception("buffer: internal error while handling a message")
@@ -246,7 +249,9 @@ class RouterServer:
         """Send without blocking; False when the peer is gone or not reading (the caller recovers)."""
         message.instance = self.instance  # type: ignore[attr-defined]
         try:
-            sock.send_multipart([identity, encode_message(message)], zmq.NOBLOCK)
+            # copy=False: a large payload (a batch of groups) is handed to ZeroMQ, not copied again; pyzmq
+            # still copies small ones (below its copy threshold), where tracking would cost more
+            sock.send_multipart([identity, encode_message(message)], zmq.NOBLOCK, copy=False)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY) or EAGAIN
             log.debug("buffer: could not send to a peer: %s", exc)
