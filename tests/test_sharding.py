@@ -102,11 +102,8 @@ def _rank_main(rank: int, size: int, port: int, model_dir: str, samples, bad, ou
         results["written"] = _full_state(writer)
 
         def save_then_update(fanout: BatchFanout, weights) -> None:  # LearnerWorker._save and _step on rank 0
-            fanout.save(Path(ckpt_root), 1)
-            tokenizer = load_tokenizer(Path(model_dir))
-            results["checkpoint"] = checkpoint.save_checkpoint(
-                ckpt_root, 1, {"m": (writer.ranks.saveable(writer.model, weights), tokenizer)},
-                {"m": writer.state_dict()}, {"version": 1})
+            results["checkpoint"] = fanout.save(writer, Path(ckpt_root), 1, weights, load_tokenizer(Path(model_dir)),
+                                                {"version": 1})
             fanout.send(samples, ADVANTAGES)
             results["uninterrupted"] = _update(writer, samples)[1]
 
@@ -115,9 +112,7 @@ def _rank_main(rank: int, size: int, port: int, model_dir: str, samples, bad, ou
         ckpt = checkpoint.checkpoint_dir(ckpt_root, 1)
 
         def resume(fanout: BatchFanout, _) -> None:  # what LearnerWorker._resume does on rank 0
-            fanout.resume(ckpt, 1)
-            checkpoint.load_trainer(ckpt, "m", resumed)
-            list(resumed.named_tensors())
+            fanout.resume(resumed, ckpt, 1)
 
         led(resumed, resume)
         results["resumed"] = _full_state(resumed)
@@ -137,7 +132,7 @@ def _rank_main(rank: int, size: int, port: int, model_dir: str, samples, bad, ou
         fanout.send(bad, ADVANTAGES[:4])
         try:
             resumed.update(bad, ADVANTAGES[:4])
-        except Exception as exc:  # rank 1 left the update's collectives
+        except RuntimeError as exc:  # rank 1 left the update's collectives (gloo: connection closed)
             results["failure"] = (repr(exc), failure_reports(size))
         torch.save(results, out)
     finally:

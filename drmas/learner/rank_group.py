@@ -80,13 +80,21 @@ class BatchFanout:
         """Rank 0: the next update's batch."""
         self._order(("update", list(samples), advantages))
 
-    def save(self, output_dir: Path, version: int) -> None:
-        """Rank 0: every rank is to write its shards of the checkpoint of `version` (rank 0 then writes too)."""
+    def save(self, trainer, output_dir: Path, version: int, weights: list[tuple[str, torch.Tensor]], tokenizer,
+             run_state: dict) -> Path:
+        """Rank 0: write the checkpoint of `version` with every rank: each its shards of the trainer state,
+        rank 0 also the HF directory of the whole `weights`, `run_state` and the marker."""
         self._order(("save", str(output_dir), version))
+        model = trainer.ranks.saveable(trainer.model, weights)
+        return checkpoint.save_checkpoint(output_dir, version, {trainer.model_id: (model, tokenizer)},
+                                          {trainer.model_id: trainer.state_dict()}, run_state)
 
-    def resume(self, ckpt: Path, version: int) -> None:
-        """Rank 0: every rank is to load checkpoint `ckpt` (of `version`), then gather the weights."""
+    def resume(self, trainer, ckpt: Path, version: int) -> list[tuple[str, torch.Tensor]]:
+        """Rank 0: load checkpoint `ckpt` (of `version`) with every rank, each into its shards; returns the
+        whole weights (gathered with the other ranks)."""
         self._order(("resume", str(ckpt), version))
+        checkpoint.load_trainer(ckpt, trainer.model_id, trainer)
+        return list(trainer.named_tensors())
 
     def finish(self) -> None:
         """Rank 0, at the end: tell the other ranks to stop; a rank that is gone already is only logged."""
@@ -139,7 +147,7 @@ def report_failure(rank: int, exc: BaseException) -> None:
     try:
         store = dist.distributed_c10d._get_default_store()
         store.set(_FAILED_KEY.format(rank=rank), f"{type(exc).__name__}: {exc}"[:2000])
-    except Exception as store_exc:  # the store may be gone with rank 0; the traceback still goes to the log
+    except RuntimeError as store_exc:  # the store may be gone with rank 0; the traceback still goes to the log
         log.warning("rank %d could not report its failure to rank 0: %s", rank, store_exc)
     log.error("learner rank %d failed: %r", rank, exc)
 

@@ -265,14 +265,9 @@ class LearnerWorker:
     def _save(self) -> Path:
         """Weights (HF directory), weights and optimizer (DCP, every rank its shards), running statistics and
         version, under `checkpoints/step_<version>`."""
-        ranks = self.trainer.ranks  # with N ranks: rank 0 writes the whole (gathered) weights as the HF dir
-        self.fanout.save(self.out, self.version)
-        path = checkpoint.save_checkpoint(
-            self.out, self.version, {self.model_id: (ranks.saveable(self.model, self.weights), self.tokenizer)},
-            {self.model_id: self.trainer.state_dict()},
-            {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict(),
-             "lineage": self.lineage.state_dict(), "ranks": ranks.size},
-        )
+        path = self.fanout.save(self.trainer, self.out, self.version, self.weights, self.tokenizer,
+                                {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict(),
+                                 "lineage": self.lineage.state_dict(), "ranks": self.trainer.ranks.size})
         self.saved_version = self.version
         log.info("saved %s", path)
         return path
@@ -283,9 +278,7 @@ class LearnerWorker:
             log.info("no checkpoint in %s: starting at version 0", self.out)
             return False
         state = checkpoint.load_run_state(ckpt)
-        self.fanout.resume(ckpt, int(state["version"]))
-        checkpoint.load_trainer(ckpt, self.model_id, self.trainer)  # resharded onto this learner's ranks
-        self.weights = self._gather()
+        self.weights = self.fanout.resume(self.trainer, ckpt, int(state["version"]))  # resharded onto our ranks
         self.version = self.saved_version = int(state["version"])
         self.stats.load_state_dict(state["stats"])
         self.lineage = self.lineage.resumed(state.get("lineage"), self.version)
