@@ -1,7 +1,16 @@
 """Run checkpoints: `checkpoints/step_<N>/<model_id>/` is a plain Hugging Face directory per model
-(transformers and vLLM load it as is); the trainer state (optimizer, running statistics, sampler position,
-RNG states) lives beside it in `step_<N>/trainer_state/`. A `COMPLETE` marker is written last, so a run
-killed mid-save resumes from the previous complete checkpoint instead of a torn one.
+(transformers and vLLM load it as is); the trainer state lives beside it in `step_<N>/trainer_state/`:
+per model a `torch.distributed.checkpoint` (DCP) directory `<model_id>/` with the exact weights and the
+AdamW state, plus the run state (JSON: version or step, running statistics, lineage, sampler position)
+and the RNG states. A `COMPLETE` marker is written last, so a run killed mid-save resumes from the
+previous complete checkpoint instead of a torn one.
+
+Why DCP, also for a one-process learner: a learner of N FSDP2 ranks holds 1/N of every weight and AdamW
+moment; DCP has each rank write its own shards, records every tensor by parameter name with its global
+shape, and reads into whatever layout the loading process has, so a checkpoint written by N ranks resumes
+on M (2 -> 2, 2 -> 1, 1 -> 2). One layout for every rank count means resume never asks how many ranks
+wrote a checkpoint. With N ranks every rank calls `save_checkpoint` (the trainer state is a collective);
+rank 0 alone writes the HF directory, the run state and the marker, after every rank's shards are written.
 
 Last means durable, not just written: after a power loss or a kernel crash the page cache is gone, and a
 marker that reached the disk before the files it vouches for would point at empty or truncated weights.
@@ -16,10 +25,14 @@ import os
 import random
 import re
 import shutil
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -48,17 +61,30 @@ def save_checkpoint(
     trainer_states: dict[str, dict],
     run_state: dict,
 ) -> Path:
-    """Write weights (HF dirs), per-model trainer state and the run state (JSON) for `step`."""
+    """Write weights (HF dirs), per-model trainer state (DCP) and the run state (JSON) for `step`.
+
+    `trainer_states` are DCP state dicts (a trainer's `state_dict()`). Inside a process group every rank
+    calls this with the same `output_dir`, `step` and trainer-state keys; `models` and `run_state` are
+    only read on rank 0, which alone returns once the checkpoint is complete."""
     from drmas.models import save_checkpoint_model
 
     target = checkpoint_dir(output_dir, step)
-    if target.exists():
-        shutil.rmtree(target)
-    (target / "trainer_state").mkdir(parents=True)
+    lead = not dist.is_initialized() or dist.get_rank() == 0
+    if lead:
+        if target.exists():
+            shutil.rmtree(target)
+        (target / "trainer_state").mkdir(parents=True)
+    if dist.is_initialized():
+        dist.barrier()  # no rank writes into the directory before rank 0 has cleared it
+    for model_id, state in trainer_states.items():
+        # each rank fsyncs the shards it wrote; rank 0's return means every rank's are written
+        with _one_process_is_fine():
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(target / "trainer_state" / model_id,
+                                                                sync_files=True), no_dist=not dist.is_initialized())
+    if not lead:
+        return target
     for model_id, (model, tokenizer) in models.items():
         save_checkpoint_model(model, tokenizer, target / model_id)
-    for model_id, state in trainer_states.items():
-        torch.save(state, target / "trainer_state" / f"{model_id}.pt")
     (target / "trainer_state" / "run_state.json").write_text(json.dumps(run_state, indent=1))
     torch.save(rng_state(), target / "trainer_state" / "rng.pt")
     sync_tree(target)
@@ -70,6 +96,14 @@ def save_checkpoint(
     _sync_dir(target)
     _sync_dir(target.parent)  # the step directory's own entry in checkpoints/
     return target
+
+
+@contextmanager
+def _one_process_is_fine():
+    """DCP warns on every save and load outside a process group; for a one-process learner that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def sync_tree(root: Path) -> None:
@@ -92,20 +126,18 @@ def _sync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def load_model_weights(ckpt: Path, model_id: str, model: torch.nn.Module) -> None:
-    """Copy the saved weights of `model_id` into `model` in place (its optimizer keeps pointing at them)."""
-    from safetensors.torch import load_file
-
-    tensors = {}
-    for shard in sorted((ckpt / model_id).glob("*.safetensors")):
-        tensors.update(load_file(shard))
-    if not tensors:
-        raise FileNotFoundError(f"{ckpt / model_id}: no *.safetensors weights")
-    model.load_state_dict(tensors, strict=False)
-
-
-def load_trainer_state(ckpt: Path, model_id: str) -> dict:
-    return torch.load(ckpt / "trainer_state" / f"{model_id}.pt", weights_only=False)
+def load_trainer(ckpt: Path, model_id: str, trainer) -> None:
+    """Load `model_id`'s weights and optimizer state from `ckpt` into `trainer` (a `PolicyTrainer`), in
+    the layout this process holds them (whole, or this rank's shards: a collective inside a process group),
+    whatever number of ranks wrote them."""
+    path = ckpt / "trainer_state" / model_id
+    if not (path / ".metadata").is_file():
+        raise FileNotFoundError(f"{path}: no distributed trainer state (.metadata); checkpoints written before "
+                                "trainer state moved to torch.distributed.checkpoint cannot be resumed")
+    state = trainer.state_dict()
+    with _one_process_is_fine():
+        dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=not dist.is_initialized())
+    trainer.load_state_dict(state)
 
 
 def load_run_state(ckpt: Path) -> dict:

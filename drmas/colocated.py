@@ -85,8 +85,7 @@ class ColocatedRun:
         if ckpt is None:
             return False
         for model_id, trainer in self.trainers.items():
-            checkpoint.load_model_weights(ckpt, model_id, trainer.model)
-            trainer.load_state_dict(checkpoint.load_trainer_state(ckpt, model_id))
+            checkpoint.load_trainer(ckpt, model_id, trainer)
         state = checkpoint.load_run_state(ckpt)
         self.step = self.saved_step = int(state["step"])
         self.stats.load_state_dict(state["stats"])

@@ -39,8 +39,10 @@ def test_checkpoint_is_durable_before_its_complete_marker(tmp_path, tiny_model, 
     written = {p for p in target.rglob("*")} | {target}
     assert written <= set(synced), sorted(written - set(synced))
     marker = synced.index(target / "COMPLETE")
-    assert set(synced[:marker]) == written - {target / "COMPLETE"}  # everything else first, each once
-    assert len(synced[:marker]) == len(written) - 1
+    # everything else first (DCP's writer also fsyncs the trainer-state files it writes, each rank its own,
+    # before the pass over the whole tree)
+    assert written - {target / "COMPLETE"} <= set(synced[:marker])
+    assert target / "trainer_state" / "policy" / ".metadata" in written
     assert synced[marker + 1:] == [target, target.parent]  # then the marker's directory entries
 
 

@@ -71,7 +71,8 @@ class ModelConfig:
         "is still normalised over the whole step, gradients clipped by their global norm). Rank i uses the i-th "
         "visible GPU with device auto/cuda, or a CPU core with device cpu: N above what the machine has is refused. "
         "drmas run starts them (torchrun); by hand: torchrun --nproc-per-node N -m drmas.learner --model ID ... "
-        "Rank 0 alone talks to the buffer and the rollouts. Not yet: resuming (no sharded optimizer state).",
+        "Rank 0 alone talks to the buffer and the rollouts. Checkpoints hold every rank's shards "
+        "(torch.distributed.checkpoint) and resume on any number of ranks.",
     )
     trainable: bool = _f(True, "Train this model (false: serve it frozen).")
     optim: OptimConfig = _f(OptimConfig, "Optimizer of this model.")

@@ -17,6 +17,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.utils.rnn import pad_sequence
 
 from drmas.config.schema import AlgorithmConfig, OptimConfig
@@ -178,11 +179,17 @@ class PolicyTrainer:
             yield part, [samples[i] for i in part]
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "skipped_steps": self.skipped_steps,
+        """Weights, AdamW state and step counters as `torch.distributed.checkpoint` saves and loads them:
+        keyed by parameter name (not by the optimizer's parameter index), each rank holding only its shards
+        (DTensors) when sharded, so that a checkpoint of N ranks loads into M (see `drmas.checkpoint`).
+        DCP loads in place into these tensors; `load_state_dict` then hands them to the model and optimizer."""
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer, "skipped_steps": self.skipped_steps,
                 "optimizer_steps": self.optimizer_steps}
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
         self.skipped_steps = int(state["skipped_steps"])
         self.optimizer_steps = int(state["optimizer_steps"])
 

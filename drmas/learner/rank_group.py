@@ -9,26 +9,35 @@ and a step must have the same groups on every rank or the ranks would disagree o
 The samples are small next to the model (token ids and log-probs), so sending all of them to every rank
 costs little, and every rank computes the same metrics.
 
-The followers repeat what rank 0 does with the model in the same order, because every sharded pass and
-every gather of the whole weights is a collective: the initial gather, then per step the update and the
-gather of the new weights (which rank 0 pushes to the rollouts and saves). A `None` batch ends them. When
-any rank fails, torchrun ends the others (a failed update is therefore not skipped as with one rank).
+The followers repeat what rank 0 does with the model in the same order, because every sharded pass, every
+gather of the whole weights and every checkpoint save or load is a collective: the initial gather, then
+rank 0's orders, one broadcast each: `update` (the update, then the gather of the new weights, which rank 0
+pushes to the rollouts), `save` (every rank writes its shards of the checkpoint), `resume` (every rank
+reads its shards, then the gather). A `None` order ends them.
 
-Interim, until the weight fan-out and distributed checkpoints (issue 14): every rank gathers the whole
-weights after each update (rank 0 keeps them for pushes, joins and its checkpoint: one full copy beside
-its shard), and a checkpoint of N ranks holds the weights but no optimizer state, so it does not resume.
+A failed update cannot be skipped as with one rank: the other ranks are inside its collectives. The rank
+that failed records why in the process group's store (`report_failure`) before it exits; its peers'
+collectives then fail (gloo sees the closed connection; torchrun also ends the group), and rank 0 ends
+the learner with a message naming every rank that reported and why (`failure_reports`), instead of a
+bare collective error or a hang.
+
+Interim, until the weight fan-out (issue 14): every rank gathers the whole weights after each update
+(rank 0 keeps them for pushes, joins and its HF checkpoint: one full copy beside its shard).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from drmas import checkpoint
 from drmas.devices import check_ranks, resolve_device
 from drmas.learner.ranks import SingleRank
 from drmas.learner.sharding import ShardedRanks, init_ranks
@@ -56,41 +65,101 @@ def learner_ranks(device_spec: str, ranks: int, model_id: str) -> tuple[SingleRa
 
 
 class BatchFanout:
-    """Rank 0's (samples, advantages) to every other rank, over a gloo group of its own (objects travel on
-    CPU whatever carries the model's collectives)."""
+    """Rank 0's orders to every other rank (see the module docstring), over a gloo group of its own
+    (objects travel on CPU whatever carries the model's collectives). With one rank every order is a no-op."""
 
     def __init__(self, ranks: SingleRank) -> None:
         self.size = ranks.size
         self.group = dist.new_group(backend="gloo") if self.size > 1 else None
 
-    def send(self, samples: Sequence | None, advantages: np.ndarray | None = None) -> None:
-        """Rank 0: the next update's batch (None: no more updates)."""
+    def _order(self, order: tuple | None) -> None:
         if self.group is not None:
-            dist.broadcast_object_list([None if samples is None else (list(samples), advantages)], src=0,
-                                       group=self.group)
+            dist.broadcast_object_list([order], src=0, group=self.group)
+
+    def send(self, samples: Sequence, advantages: np.ndarray) -> None:
+        """Rank 0: the next update's batch."""
+        self._order(("update", list(samples), advantages))
+
+    def save(self, trainer, output_dir: Path, version: int, weights: list[tuple[str, torch.Tensor]], tokenizer,
+             run_state: dict) -> Path:
+        """Rank 0: write the checkpoint of `version` with every rank: each its shards of the trainer state,
+        rank 0 also the HF directory of the whole `weights`, `run_state` and the marker."""
+        self._order(("save", str(output_dir), version))
+        model = trainer.ranks.saveable(trainer.model, weights)
+        return checkpoint.save_checkpoint(output_dir, version, {trainer.model_id: (model, tokenizer)},
+                                          {trainer.model_id: trainer.state_dict()}, run_state)
+
+    def resume(self, trainer, ckpt: Path, version: int) -> list[tuple[str, torch.Tensor]]:
+        """Rank 0: load checkpoint `ckpt` (of `version`) with every rank, each into its shards; returns the
+        whole weights (gathered with the other ranks)."""
+        self._order(("resume", str(ckpt), version))
+        checkpoint.load_trainer(ckpt, trainer.model_id, trainer)
+        return list(trainer.named_tensors())
 
     def finish(self) -> None:
-        """Rank 0, at the end: tell the other ranks to stop; a rank that is gone already is only logged, so
-        rank 0 still writes its last checkpoint."""
+        """Rank 0, at the end: tell the other ranks to stop; a rank that is gone already is only logged."""
         try:
-            self.send(None)
+            self._order(None)
         except RuntimeError as exc:  # torch.distributed errors (a closed peer, a timeout) derive from it
             log.warning("could not tell the other learner ranks to stop: %s", exc)
 
-    def receive(self):
-        """Other ranks: (samples, advantages), or None when rank 0 is done."""
+    def receive(self) -> tuple | None:
+        """Other ranks: the next order, or None when rank 0 is done."""
         box = [None]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
 
 def follow(trainer, fanout: BatchFanout, version: int = 0) -> int:
-    """A rank other than 0: take every update rank 0 takes, then gather the new weights with it."""
-    list(trainer.named_tensors())  # rank 0's initial gather (what joining rollouts receive)
-    while (batch := fanout.receive()) is not None:
-        samples, advantages = batch
-        trainer.update(samples, advantages, version=version)
-        version += 1
-        list(trainer.named_tensors())
-    log.info("rank %d of the %r learner done at version %d", trainer.ranks.rank, trainer.model_id, version)
+    """A rank other than 0: carry out rank 0's orders (updates, checkpoint saves and loads) with it; a
+    failure is reported to rank 0 (`report_failure`) before it ends this rank."""
+    rank = trainer.ranks.rank
+    try:
+        list(trainer.named_tensors())  # rank 0's initial gather (what joining rollouts receive)
+        while (order := fanout.receive()) is not None:
+            kind, *args = order
+            if kind == "update":
+                samples, advantages = args
+                trainer.update(samples, advantages, version=version)
+                version += 1
+                list(trainer.named_tensors())
+            elif kind == "save":
+                checkpoint.save_checkpoint(args[0], args[1], {}, {trainer.model_id: trainer.state_dict()}, {})
+            elif kind == "resume":
+                checkpoint.load_trainer(Path(args[0]), trainer.model_id, trainer)
+                version = args[1]
+                list(trainer.named_tensors())
+            else:
+                raise ValueError(f"unknown order {kind!r} from rank 0")
+    except Exception as exc:
+        report_failure(rank, exc)
+        raise
+    log.info("rank %d of the %r learner done at version %d", rank, trainer.model_id, version)
     return version
+
+
+_FAILED_KEY = "drmas/learner/failed/{rank}"
+REPORT_WAIT_S = 5.0  # how long rank 0 waits for the reports of the ranks whose failure broke its collective
+
+
+def report_failure(rank: int, exc: BaseException) -> None:
+    """Record in the process group's store why this rank fails (rank 0 names it in its error); best effort."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(_FAILED_KEY.format(rank=rank), f"{type(exc).__name__}: {exc}"[:2000])
+    except RuntimeError as store_exc:  # the store may be gone with rank 0; the traceback still goes to the log
+        log.warning("rank %d could not report its failure to rank 0: %s", rank, store_exc)
+    log.error("learner rank %d failed: %r", rank, exc)
+
+
+def failure_reports(size: int, wait_s: float = REPORT_WAIT_S) -> dict[int, str]:
+    """Rank 0: the failures other ranks reported, by rank; waits up to `wait_s` for the first report (the
+    rank that broke a collective may still be writing it)."""
+    store = dist.distributed_c10d._get_default_store()
+    keys = {rank: _FAILED_KEY.format(rank=rank) for rank in range(1, size)}
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = {rank: store.get(key).decode() for rank, key in keys.items() if store.check([key])}
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)

@@ -11,7 +11,9 @@ A batch whose update fails (an exception in the advantages or the update, after 
 `GroupCollector`) costs that batch, not the learner: its groups are reported dropped ('update_failed'),
 gradients and running statistics are rolled back, and the loop pulls the next batch. Only
 `MAX_FAILED_UPDATES` failures in a row end the process (then something is wrong with the learner itself,
-and a supervisor restarting it with resume is the better remedy).
+and a supervisor restarting it with resume is the better remedy). A learner of N ranks cannot skip a
+batch: its other ranks are inside the failed update's collectives. It ends at once (`LearnerRanksFailed`),
+naming the rank that failed and why (`drmas.learner.rank_group`); resume continues from the last checkpoint.
 
 When the learner reaches `trainer.steps` it tells the buffer it finished, so admission stops waiting for
 it: a peer learner that restarted behind it still gets groups.
@@ -36,7 +38,7 @@ from drmas.config.schema import DrmasConfig
 from drmas.endpoints import learner_address
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
 from drmas.learner.policy import PolicyTrainer
-from drmas.learner.rank_group import BatchFanout, learner_ranks
+from drmas.learner.rank_group import BatchFanout, failure_reports, learner_ranks
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.sample_limits import SampleLimits
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars, staleness_scalars
@@ -73,15 +75,16 @@ class UpdateFailed(RuntimeError):
     """An update raised before changing the weights: the batch is dropped, the learner goes on."""
 
 
+class LearnerRanksFailed(RuntimeError):
+    """An update or weight gather of a learner of N ranks failed: the learner ends (it cannot skip it)."""
+
+
 class LearnerWorker:
     def __init__(self, cfg: DrmasConfig, model_id: str, stop: StopFlag) -> None:
         if model_id not in assembly.trained_models(cfg):
             raise ValueError(f"model {model_id!r} is not trained by any agent (trained: {assembly.trained_models(cfg)})")
         self.cfg, self.model_id, self.stop = cfg, model_id, stop
         mcfg = cfg.models[model_id]
-        if cfg.trainer.resume and mcfg.ranks > 1:
-            raise ValueError(f"models.{model_id}.ranks={mcfg.ranks} with trainer.resume: checkpoints of learner "
-                             "ranks hold no optimizer state yet (distributed checkpoints are not implemented)")
         ranks, self.device = learner_ranks(mcfg.device, mcfg.ranks, model_id)
         self.out = claim_output_dir(Path(cfg.trainer.output_dir) / f"learner-{model_id}", cfg.trainer.resume,
                                     cfg.trainer.overwrite)
@@ -147,12 +150,18 @@ class LearnerWorker:
                     log.info(agent_line(self.version, scalars, self.agents, [self.model_id]))
                 if cfg.trainer.checkpoint_interval and self.version % cfg.trainer.checkpoint_interval == 0:
                     self._save()
+            if self.version != self.saved_version:
+                self._save()  # with N ranks a collective: before the other ranks are let go
             self.fanout.finish()  # not on an exception: the other ranks may be inside a collective; torchrun ends them
             if self.version >= cfg.trainer.steps and not self.stop.is_set():
                 self._report_version(finished=True)
         finally:
             if self.version != self.saved_version:
-                self._save()
+                if self.trainer.ranks.size == 1:
+                    self._save()
+                else:  # an exception: the other ranks cannot be relied on to write their shards
+                    log.error("version %d is not saved (the learner ranks failed); the last checkpoint is "
+                              "version %d", self.version, self.saved_version)
             writer.close()
             log.info("running reward statistics at version %d: %s", self.version,
                      reward_stats_line(agent_reward_stats(self.stats)))
@@ -182,12 +191,12 @@ class LearnerWorker:
                 scalars.update(self.trainer.update(samples, adv, version=self.version))
             except Exception as exc:  # before optimizer.step: the weights are unchanged
                 if self.trainer.ranks.size > 1:  # the other ranks are inside this update's collectives
-                    raise
+                    raise self._ranks_failed("update", exc) from exc
                 self.trainer.optimizer.zero_grad(set_to_none=True)
                 self.stats.load_state_dict(stats_before)
                 raise UpdateFailed(f"update: {exc!r}") from exc
             self.version += 1
-            self.weights = list(self.trainer.named_tensors())
+            self.weights = self._gather()
             report = self.sender.push(self.weights, self.version)
         self._report_version()
         scalars.update({
@@ -200,6 +209,28 @@ class LearnerWorker:
             f"failed_updates/{m}": float(self.failed_updates),
         })
         return scalars, hists
+
+    def _gather(self) -> list[tuple[str, torch.Tensor]]:
+        """The whole weights (with N ranks a collective)."""
+        try:
+            return list(self.trainer.named_tensors())
+        except Exception as exc:
+            if self.trainer.ranks.size > 1:
+                raise self._ranks_failed("weight gather", exc) from exc
+            raise
+
+    def _ranks_failed(self, what: str, exc: Exception) -> LearnerRanksFailed:
+        """The error that ends a learner of N ranks whose `what` raised `exc` on rank 0: which rank failed
+        and why (the others' reports, or rank 0's own exception), logged and returned."""
+        size = self.trainer.ranks.size
+        reports = failure_reports(size)
+        causes = ([f"rank {rank} of {size}: {why}" for rank, why in sorted(reports.items())]
+                  or [f"rank 0 of {size}: {type(exc).__name__}: {exc}"])
+        message = (f"the {what} from version {self.version} failed on learner {'; '.join(causes)}. The learner "
+                   f"ends (its ranks cannot skip a batch together); restart with trainer.resume=true to continue "
+                   f"from its last checkpoint (version {self.saved_version})")
+        log.error("%s", message, exc_info=exc if not reports else None)
+        return LearnerRanksFailed(message)
 
     def _drop_failed(self, batch: StepBatch, exc: UpdateFailed, failed_in_a_row: int) -> None:
         """Give up on a batch whose update failed: say why, report its groups dropped, go on (or stop)."""
@@ -232,14 +263,11 @@ class LearnerWorker:
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def _save(self) -> Path:
-        """Weights (HF directory), optimizer, running statistics and version, under `checkpoints/step_<version>`."""
-        ranks = self.trainer.ranks  # with N ranks: rank 0 writes the whole weights; no optimizer state yet
-        path = checkpoint.save_checkpoint(
-            self.out, self.version, {self.model_id: (ranks.saveable(self.model, self.weights), self.tokenizer)},
-            {self.model_id: self.trainer.state_dict()} if ranks.size == 1 else {},
-            {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict(),
-             "lineage": self.lineage.state_dict()},
-        )
+        """Weights (HF directory), weights and optimizer (DCP, every rank its shards), running statistics and
+        version, under `checkpoints/step_<version>`."""
+        path = self.fanout.save(self.trainer, self.out, self.version, self.weights, self.tokenizer,
+                                {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict(),
+                                 "lineage": self.lineage.state_dict(), "ranks": self.trainer.ranks.size})
         self.saved_version = self.version
         log.info("saved %s", path)
         return path
@@ -249,12 +277,12 @@ class LearnerWorker:
         if ckpt is None:
             log.info("no checkpoint in %s: starting at version 0", self.out)
             return False
-        checkpoint.load_model_weights(ckpt, self.model_id, self.model)
-        self.trainer.load_state_dict(checkpoint.load_trainer_state(ckpt, self.model_id))
         state = checkpoint.load_run_state(ckpt)
+        self.weights = self.fanout.resume(self.trainer, ckpt, int(state["version"]))  # resharded onto our ranks
         self.version = self.saved_version = int(state["version"])
         self.stats.load_state_dict(state["stats"])
         self.lineage = self.lineage.resumed(state.get("lineage"), self.version)
-        log.info("resumed from %s at version %d (incarnation %s; kept from earlier ones: %s)", ckpt, self.version,
+        log.info("resumed from %s at version %d, written by %s rank(s), on %d (incarnation %s; kept from earlier "
+                 "ones: %s)", ckpt, self.version, state.get("ranks", 1), self.trainer.ranks.size,
                  self.lineage.incarnation, self.lineage.ancestors)
         return True
