@@ -1,0 +1,54 @@
+"""The relay chain of the weight channel (``drmas/weights/relay.py``) with real rollout processes: a push
+reaches several rollouts while the learner sends each byte once, and a rollout killed in the middle of the
+chain mid-push does not stall the others."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from weight_harness import CFG, cluster, digests, learner, make_weights
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _written_bytes() -> int:
+    """Bytes this process has passed to write-family syscalls, sockets included (the learner's traffic)."""
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
+
+
+def test_push_to_three_rollouts_relays_identical_weights_and_survives_a_killed_one() -> None:
+    w1, w2 = make_weights(1, layers=40), make_weights(2, layers=40)  # ~10 MB each, 40 units of 256 KiB
+    with cluster() as c, learner(make_weights(0), 0, chunk_mb=0.25) as s:
+        c.receiver(s.endpoint, "a")
+        c.receiver(s.endpoint, "b", slow_s=0.05)  # ~2.5 s to take 10 MB: the kill below lands mid-transfer
+        c.receiver(s.endpoint, "c", poll_mode=True)
+        c.wait_for({"a": 0, "b": 0, "c": 0}, timeout=40)
+        s.wait_acked({"a": 0, "b": 0, "c": 0})
+
+        written = _written_bytes()
+        report = s.push(w1, 1)
+        written = _written_bytes() - written
+        assert report.receivers_ok == ["a", "b", "c"], report
+        assert report.learner_sends == 1 and report.resent == []  # one chain a -> b -> c
+        # Measured, not counted: what the learner process wrote is one copy (pairs would write three).
+        assert report.bytes <= written < 1.3 * report.bytes, (written, report.bytes)
+        for seen in c.wait_for({"a": 1, "b": 1, "c": 1}).values():
+            assert seen == digests(w1)
+
+        killer = threading.Timer(0.7, c.kill, args=("b",))  # the middle of the chain dies mid-push
+        killer.start()
+        try:
+            start = time.monotonic()
+            report = s.push(w2, 2)
+            elapsed = time.monotonic() - start
+        finally:
+            killer.join()
+        assert report.receivers_ok == ["a", "c"] and report.receivers_dropped == ["b"], report
+        assert report.resent == ["c"], report  # c lost its predecessor: served again within the same push
+        assert elapsed < CFG["timeout_s"] + 1, elapsed
+        for seen in c.wait_for({"a": 2, "c": 2}).values():
+            assert seen == digests(w2)
+        assert set(s.sender.receivers()) == {"a", "c"}
