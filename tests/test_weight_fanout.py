@@ -10,6 +10,9 @@ import time
 import pytest
 from weight_harness import CFG, cluster, digests, learner, make_weights
 
+from drmas.weights.registry import Peer
+from drmas.weights.relay import HopNames, plan_wave
+
 pytestmark = pytest.mark.timeout(90)
 
 
@@ -52,3 +55,28 @@ def test_push_to_three_rollouts_relays_identical_weights_and_survives_a_killed_o
         for seen in c.wait_for({"a": 2, "c": 2}).values():
             assert seen == digests(w2)
         assert set(s.sender.receivers()) == {"a", "c"}
+
+
+def test_chain_plans_reuse_a_hop_only_while_both_ends_still_hold_it() -> None:
+    """A hop's rendezvous keys on the store serve one build: a link that left the chain (or a wave where
+    something failed) must come back under a new name, or its rebuild would meet the old group's keys and
+    hang the push (found by bench/fanout.py alternating chain and pairs)."""
+    a, b, c = (Peer(rid, rid.encode(), f"pair-{rid}", last_seen=0.0) for rid in "abc")
+    vllm = Peer("v", b"v", "pair-v", last_seen=0.0, ranks=2, relay=False)
+    names = HopNames()
+    plan = plan_wave([c, vllm, a, b], 1, "chain", names)
+    routes = {peer.receiver_id: route for peer, route in plan.routes}
+    assert [p.receiver_id for p in plan.targets] == ["v", "a"]  # engine workers over their pair; chain head
+    assert routes["a"].upstream == "" and routes["a"].downstream == routes["b"].upstream != ""
+    assert routes["b"].downstream == routes["c"].upstream != "" and routes["c"].downstream == ""
+    assert plan.successor == {"a": b, "b": c} and "v" not in routes
+    ab = routes["a"].downstream
+    again = {p.receiver_id: r for p, r in plan_wave([a, b], 2, "chain", names).routes}
+    assert again["a"].downstream == ab  # same link in consecutive waves: both ends kept it
+    plan = plan_wave([a, b], 3, "pairs", names)
+    assert all(r.upstream == r.downstream == "" for _, r in plan.routes) and len(plan.targets) == 2
+    back = {p.receiver_id: r for p, r in plan_wave([a, b], 4, "chain", names).routes}
+    assert back["a"].downstream not in ("", ab)  # the ends closed it meanwhile: a fresh name
+    names.forget()
+    assert {p.receiver_id: r for p, r in plan_wave([a, b], 5, "chain", names).routes}["a"].downstream not in (
+        "", ab, back["a"].downstream)

@@ -12,7 +12,8 @@ copies it in, so the units flow down the chain pipelined: learner bytes are flat
 The pieces:
 - each hop between consecutive rollouts is a two-rank group on the learner's TCPStore (a `PairGroup`: the
   predecessor is rank 0 and broadcasts, i.e. sends; the successor is rank 1), so a hop is built and fails
-  exactly like a pair and nothing else is resized. Hops are kept while the chain keeps its order;
+  exactly like a pair and nothing else is resized. Hops are kept while the chain keeps its order
+  (`HopNames`);
 - the learner plans each wave's chain (`plan_wave`) once the wave's rollouts said Ready, and tells each its
   `Route` (from whom, to whom); it streams over the pair of the chain's head only;
 - a rollout (`Hops`) builds or reuses its hops and passes every unit on (``ReceiveStream``'s forward).
@@ -27,6 +28,7 @@ receive the weights themselves (`Join.relay` False) are served over their pairs.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -48,29 +50,49 @@ class WavePlan:
     successor: dict[str, Peer] = field(default_factory=dict)  # receiver id -> the rollout it passes units to
 
 
-def hop_id(upstream: Peer, downstream: Peer) -> str:
-    """The store prefix of the hop between two rollouts: new whenever either pair is new."""
-    return f"hop/{upstream.pair_id}/{downstream.pair_id}"
+class HopNames:
+    """Names the hops of each wave's chain (the store prefixes both ends build their group under).
+
+    A hop group's rendezvous keys on the store serve one build only, so a hop that is built again needs a
+    new name. A link of the previous wave keeps its name (both ends still hold that group: a rollout keeps
+    exactly the hops of its last route); any other link, and every link after a wave where something failed
+    (hops may then have been closed), gets a fresh one.
+    """
+
+    def __init__(self) -> None:
+        self._previous: dict[tuple[str, str], str] = {}
+        self._count = itertools.count()
+
+    def wave(self, links: list[tuple[Peer, Peer]]) -> list[str]:
+        names = {}
+        for up, down in links:
+            key = (up.pair_id, down.pair_id)
+            names[key] = self._previous.get(key) or f"hop/{up.pair_id}/{down.pair_id}/{next(self._count)}"
+        self._previous = names
+        return list(names.values())
+
+    def forget(self) -> None:
+        self._previous = {}
 
 
-def plan_wave(wave: list[Peer], version: int, fanout: str) -> WavePlan:
+def plan_wave(wave: list[Peer], version: int, fanout: str, names: HopNames) -> WavePlan:
     """One chain over the rollouts that can relay (in receiver-id order, so hops are reused across pushes),
     or (``fanout`` 'pairs') each over its own pair; rollouts that cannot relay always over their pairs."""
     plan = WavePlan()
     relaying = sorted((p for p in wave if p.relay), key=lambda p: p.receiver_id)
     plan.targets = [p for p in wave if not p.relay]
     if fanout == "pairs":
+        names.wave([])
         plan.routes = [(p, msg.Route(p.pair_id, version)) for p in relaying]
         plan.targets += relaying
         return plan
+    hops = names.wave(list(zip(relaying, relaying[1:])))
     for index, peer in enumerate(relaying):
-        before = relaying[index - 1] if index > 0 else None
-        after = relaying[index + 1] if index + 1 < len(relaying) else None
-        upstream = hop_id(before, peer) if before is not None else ""
-        downstream = hop_id(peer, after) if after is not None else ""
+        upstream = hops[index - 1] if index > 0 else ""
+        downstream = hops[index] if index < len(hops) else ""
         plan.routes.append((peer, msg.Route(peer.pair_id, version, upstream, downstream)))
-        if after is not None:
-            plan.successor[peer.receiver_id] = after
+        if downstream:
+            plan.successor[peer.receiver_id] = relaying[index + 1]
     if relaying:
         plan.targets.append(relaying[0])
     return plan

@@ -19,7 +19,7 @@ from drmas.weights import messages as msg
 from drmas.weights.chunks import Layout, Packer, plan_layout
 from drmas.weights.config import WeightSyncConfig
 from drmas.weights.registry import Peer, Registry
-from drmas.weights.relay import plan_wave
+from drmas.weights.relay import HopNames, plan_wave
 from drmas.weights.transport import PairError
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ class Transfer:
         self._cfg = cfg
         self._incarnation = incarnation
         self._scratch: list[torch.Tensor] = []  # two unit buffers, kept across transfers
+        self._hops = HopNames()
 
     def run(
         self, peers: Sequence[Peer], version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]
@@ -139,12 +140,15 @@ class Transfer:
     def _serve(self, wave: list[Peer], version: int, layout: Layout, packer: Packer, outcome: Outcome) -> list[Peer]:
         """Route ``wave`` (see ``relay.py``), stream to the chain's head and the pair-only peers, collect the
         acks; returns the peers to serve again (their predecessor failed)."""
-        plan = plan_wave(wave, version, self._cfg.fanout)
+        plan = plan_wave(wave, version, self._cfg.fanout, self._hops)
         for peer, route in plan.routes:
             self._send(peer, route)
         outcome.sends += len(plan.targets)
         self._stream(plan.targets, layout, packer, outcome)
-        return self._await_acks([p for p in wave if p.drop_reason is None], version, outcome, plan.successor)
+        again = self._await_acks([p for p in wave if p.drop_reason is None], version, outcome, plan.successor)
+        if again or any(p.drop_reason is not None or p.ack is None or p.ack.forward_error for p in wave):
+            self._hops.forget()  # some hops may have been closed: build the next chain's afresh
+        return again
 
     def _await_ready(
         self, waiting: list[Peer], version: int, deadline: float, outcome: Outcome
