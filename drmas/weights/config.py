@@ -38,6 +38,13 @@ class WeightSyncConfig:
         "How long a push waits for a rollout to reach a point where it can take the weights (the end of its "
         "current generation step). A rollout that does not get there in time is dropped and re-joins.",
     )
+    ready_gather_s: float = _f(
+        0.5,
+        "Once the first rollout of a push is ready, how long the learner waits for the others before it "
+        "starts sending. Rollouts ready together share one pass down one relay chain; each later group costs "
+        "the learner another pass over the whole model. Longer: fewer passes, but rollouts that were ready "
+        "early pause generation that much longer. About one generation step makes every push one pass.",
+    )
     join_retry_s: float = _f(
         1.0,
         "First interval between a rollout's Join attempts while no learner answers; it doubles per attempt "

@@ -27,9 +27,6 @@ log = logging.getLogger(__name__)
 CurrentWeights = Callable[[], tuple[int, Iterable[tuple[str, torch.Tensor]]]]
 """Returns ``(version, named_tensors)`` of the weights a newly joined rollout must receive."""
 
-# Rollouts that become ready within this window of the first one share its pass over the data: a little
-# extra pause for the first, against sending the whole model once per rollout when all poll at once.
-_GATHER_S = 0.1
 # Times one push serves a rollout whose predecessor in the relay chain keeps failing, before dropping it.
 _MAX_ATTEMPTS = 3
 
@@ -165,7 +162,7 @@ class Transfer:
                 now = time.monotonic()
                 if ready and first_ready is None:
                     first_ready = now
-                if ready and (len(ready) == len(waiting) or now - first_ready >= _GATHER_S):
+                if ready and (len(ready) == len(waiting) or now - first_ready >= self._cfg.ready_gather_s):
                     return ready, [p for p in waiting if p not in ready]
                 if not waiting:
                     return [], []
@@ -174,7 +171,7 @@ class Transfer:
                         self._registry.drop(peer, f"not ready within {self._cfg.ready_timeout_s:g} s")
                         outcome.drop(peer)
                     return [], []
-                wake = deadline if first_ready is None else min(deadline, first_ready + _GATHER_S)
+                wake = deadline if first_ready is None else min(deadline, first_ready + self._cfg.ready_gather_s)
                 cond.wait(max(wake - now, 0.001))
 
     def _scratch_buffers(self, nbytes: int, device: torch.device) -> list[torch.Tensor]:
