@@ -121,10 +121,11 @@ class Hops:
         self._store = store
         self._local = local_address_towards(store_host)
         self._backend = backend
-        # Half the pair timeout: a hop that cannot be built (the neighbour died after saying Ready) gives up
-        # while the learner is still waiting on this rollout, instead of both timing out together.
-        self._build_timeout_s = max(timeout_s / 2, 1.0)
-        self._timeout_s = timeout_s
+        # Half the pair timeout, for building a hop and for every unit on it: when a neighbour hangs or died
+        # after saying Ready, this rollout gives up on it (and goes on receiving from the learner) while the
+        # learner is still waiting on this rollout, instead of both timing out together and the learner
+        # dropping a healthy predecessor.
+        self._timeout_s = max(timeout_s / 2, 1.0)
         self._groups: dict[str, PairGroup] = {}
 
     def path(self, route: msg.Route, pair: PairGroup) -> Path:
@@ -150,8 +151,7 @@ class Hops:
     def _group(self, hop: str, rank: int) -> PairGroup:
         group = self._groups.get(hop)
         if group is None or group.closed:
-            group = PairGroup.connect(self._store, hop, rank, self._backend, self._build_timeout_s, self._local)
-            group.set_timeout(self._timeout_s)  # built under the short deadline; transfers get the full one
+            group = PairGroup.connect(self._store, hop, rank, self._backend, self._timeout_s, self._local)
             self._groups[hop] = group
         return group
 

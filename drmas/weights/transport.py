@@ -164,12 +164,6 @@ class PairGroup:
         except RuntimeError as error:
             raise PairError(str(error).splitlines()[0]) from error
 
-    def set_timeout(self, timeout_s: float) -> None:
-        """Deadline of the collectives started from now on (a group may be built under a shorter one)."""
-        self.timeout_s = timeout_s
-        if self.backend == "gloo" and self._group is not None:
-            self._group.set_timeout(datetime.timedelta(seconds=timeout_s))
-
     def close(self) -> None:
         """Release the group. Gloo closes its sockets when the group is freed, so the peer fails fast instead
         of waiting for its timeout; NCCL needs an explicit abort to free its communicator."""
