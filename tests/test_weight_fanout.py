@@ -8,8 +8,10 @@ import threading
 import time
 
 import pytest
+import zmq
 from weight_harness import CFG, cluster, digests, learner, make_weights
 
+from drmas.weights import WeightSender, WeightSyncConfig, messages
 from drmas.weights.registry import Peer
 from drmas.weights.relay import HopNames, plan_wave
 
@@ -80,3 +82,21 @@ def test_chain_plans_reuse_a_hop_only_while_both_ends_still_hold_it() -> None:
     names.forget()
     assert {p.receiver_id: r for p, r in plan_wave([a, b], 5, "chain", names).routes}["a"].downstream not in (
         "", ab, back["a"].downstream)
+
+
+def test_a_rollout_of_the_previous_weight_protocol_is_refused_with_a_message() -> None:
+    """A protocol-2 rollout would wait on its pair for units that now come from its predecessor: refused."""
+    with WeightSender("127.0.0.1", config=WeightSyncConfig(**CFG)) as sender:
+        context = zmq.Context()
+        dealer = context.socket(zmq.DEALER)
+        try:
+            dealer.connect(sender.endpoint)
+            dealer.send(messages.encode(messages.Join("old-rollout", "", nonce=5, protocol=2)))
+            assert dealer.poll(5000), "no answer to the Join"
+            reply = messages.decode(dealer.recv())
+        finally:
+            dealer.close(linger=0)
+            context.term()
+    assert isinstance(reply, messages.Refuse) and reply.nonce == 5
+    assert "'old-rollout' speaks weight protocol 2" in reply.reason and f"learner {messages.PROTOCOL_VERSION}" in reply.reason
+    assert sender.receivers() == {}
