@@ -86,11 +86,18 @@ class BatchFanout:
 
 def follow(trainer, fanout: BatchFanout, version: int = 0) -> int:
     """A rank other than 0: take every update rank 0 takes, then gather the new weights with it."""
-    list(trainer.named_tensors())  # rank 0's initial gather (what joining rollouts receive)
+    _take_part_in_gather(trainer)  # rank 0's initial gather (what joining rollouts receive)
     while (batch := fanout.receive()) is not None:
         samples, advantages = batch
         trainer.update(samples, advantages, version=version)
         version += 1
-        list(trainer.named_tensors())
+        _take_part_in_gather(trainer)
     log.info("rank %d of the %r learner done at version %d", trainer.ranks.rank, trainer.model_id, version)
     return version
+
+
+def _take_part_in_gather(trainer) -> None:
+    """Join rank 0's gather of the whole weights (each parameter's all-gather is a collective) keeping none
+    of them: a follower needs only its shard, so it holds one whole parameter at a time, never the model."""
+    for _ in trainer.named_tensors():
+        pass
