@@ -115,20 +115,20 @@ def follow(trainer, fanout: BatchFanout, version: int = 0) -> int:
     failure is reported to rank 0 (`report_failure`) before it ends this rank."""
     rank = trainer.ranks.rank
     try:
-        list(trainer.named_tensors())  # rank 0's initial gather (what joining rollouts receive)
+        _take_part_in_gather(trainer)  # rank 0's initial gather (what joining rollouts receive)
         while (order := fanout.receive()) is not None:
             kind, *args = order
             if kind == "update":
                 samples, advantages = args
                 trainer.update(samples, advantages, version=version)
                 version += 1
-                list(trainer.named_tensors())
+                _take_part_in_gather(trainer)
             elif kind == "save":
                 checkpoint.save_checkpoint(args[0], args[1], {}, {trainer.model_id: trainer.state_dict()}, {})
             elif kind == "resume":
                 checkpoint.load_trainer(Path(args[0]), trainer.model_id, trainer)
                 version = args[1]
-                list(trainer.named_tensors())
+                _take_part_in_gather(trainer)
             else:
                 raise ValueError(f"unknown order {kind!r} from rank 0")
     except Exception as exc:
@@ -136,6 +136,13 @@ def follow(trainer, fanout: BatchFanout, version: int = 0) -> int:
         raise
     log.info("rank %d of the %r learner done at version %d", rank, trainer.model_id, version)
     return version
+
+
+def _take_part_in_gather(trainer) -> None:
+    """Join rank 0's gather of the whole weights (each parameter's all-gather is a collective) keeping none
+    of them: a follower needs only its shard, so it holds one whole parameter at a time, never the model."""
+    for _ in trainer.named_tensors():
+        pass
 
 
 _FAILED_KEY = "drmas/learner/failed/{rank}"

@@ -204,6 +204,7 @@ class LearnerWorker:
             f"weight_sync/{m}/seconds": report.seconds,
             f"weight_sync/{m}/receivers": float(len(report.receivers_ok)),
             f"weight_sync/{m}/dropped": float(len(report.receivers_dropped)),
+            f"weight_sync/{m}/learner_sends": float(report.learner_sends),  # passes over the model (1: flat)
             f"samples/{m}": float(len(samples)),
             **{f"dropped/{m}/{reason}": float(n) for reason, n in batch.dropped.items()},
             f"failed_updates/{m}": float(self.failed_updates),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 BACKENDS = ("auto", "gloo", "nccl")
+FANOUTS = ("chain", "pairs")
 
 
 def _f(default: object, help: str):
@@ -37,6 +38,13 @@ class WeightSyncConfig:
         "How long a push waits for a rollout to reach a point where it can take the weights (the end of its "
         "current generation step). A rollout that does not get there in time is dropped and re-joins.",
     )
+    ready_gather_s: float = _f(
+        0.5,
+        "Once the first rollout of a push is ready, how long the learner waits for the others before it "
+        "starts sending. Rollouts ready together share one pass down one relay chain; each later group costs "
+        "the learner another pass over the whole model. Longer: fewer passes, but rollouts that were ready "
+        "early pause generation that much longer. About one generation step makes every push one pass.",
+    )
     join_retry_s: float = _f(
         1.0,
         "First interval between a rollout's Join attempts while no learner answers; it doubles per attempt "
@@ -55,6 +63,14 @@ class WeightSyncConfig:
         "Collective backend of the pair groups: 'nccl' (GPU tensors), 'gloo' (CPU tensors) or 'auto' (nccl "
         "when CUDA and NCCL are available, else gloo). The learner decides; rollouts follow it.",
     )
+    fanout: str = _f(
+        "chain",
+        "How a push reaches several rollouts. 'chain': the learner sends each unit once, to the first rollout, "
+        "and every rollout passes it on to the next while applying it (a relay chain), so the learner's "
+        "traffic does not grow with the number of rollouts. 'pairs': the learner sends the whole model to "
+        "each rollout over its own pair (learner traffic x rollouts). Rollouts whose engine workers receive "
+        "the weights themselves are always served over their pair.",
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -63,10 +79,12 @@ class WeightSyncConfig:
         """Raise ValueError naming the first impossible value."""
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "backend" and not value > 0:
+            if f.name not in ("backend", "fanout") and not value > 0:
                 raise ValueError(f"weights.{f.name} must be > 0, got {value!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"weights.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.fanout not in FANOUTS:
+            raise ValueError(f"weights.fanout must be one of {FANOUTS}, got {self.fanout!r}")
         if self.peer_timeout_s < 2 * self.heartbeat_s:
             raise ValueError(
                 f"weights.peer_timeout_s ({self.peer_timeout_s}) must be at least twice heartbeat_s "

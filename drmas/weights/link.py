@@ -84,11 +84,35 @@ class Session:
         self.lock = threading.Lock()  # held by the thread applying an update over this pair
         self.broken: str | None = None  # set (by any thread) once the pair must not be used again
         self.last_reply = time.monotonic()
+        self._routes = threading.Condition()
+        self._route: msg.Route | None = None
+
+    def offer_route(self, route: msg.Route | None) -> None:
+        """(link thread) The learner's Route for the update being received; None forgets an unused one (a
+        new Manifest arrived)."""
+        with self._routes:
+            self._route = route
+            self._routes.notify_all()
+
+    def take_route(self, version: int, timeout_s: float) -> msg.Route:
+        """(applying thread, after Ready) Wait for the Route of ``version``; `PairError` when none comes (the
+        learner gave up on this rollout, or the pair broke)."""
+        with self._routes:
+            got = self._routes.wait_for(
+                lambda: self.broken is not None or (self._route is not None and self._route.version == version),
+                timeout=timeout_s,
+            )
+            route, self._route = self._route, None
+        if not got or self.broken is not None or route is None:
+            raise PairError(f"no route for version {version} within {timeout_s:g} s ({self.broken or 'timeout'})")
+        return route
 
     def close(self) -> None:
         """Mark broken and release the pair once no update is using it (a running one ends by its timeout)."""
         if self.broken is None:
             self.broken = "closed"
+        with self._routes:  # an applier waiting for a Route gives up now, not at its timeout
+            self._routes.notify_all()
         with self.lock:
             if self.member is not None:
                 self.member.close()
@@ -194,7 +218,7 @@ class Link(threading.Thread):
         """One Join attempt: Welcome within ``wait_s`` and a working pair, or None."""
         sock = self._new_socket()
         nonce = next(self._nonce)
-        self._send(msg.Join(self._receiver_id, self._model, nonce, ranks=self._ranks()))
+        self._send(msg.Join(self._receiver_id, self._model, nonce, ranks=self._ranks(), relay=self._workers is None))
         deadline = time.monotonic() + wait_s
         while not self.stopping.is_set():
             self.outbox.drain()  # Ready/Ack of a finished pair: nobody wants them now
@@ -296,6 +320,10 @@ class Link(threading.Thread):
                 continue  # for an earlier pair, or a stale Welcome
             session.last_reply = time.monotonic()
             if isinstance(message, msg.Manifest):
+                session.offer_route(None)
                 self._on_update(Update(session, message))
+            elif isinstance(message, msg.Route):
+                session.offer_route(message)
             elif isinstance(message, msg.Rejoin):
                 session.broken = f"learner asked to re-join: {message.reason}"
+                session.offer_route(None)

@@ -22,7 +22,9 @@ from typing import Callable, Protocol, runtime_checkable
 import msgspec
 import torch.distributed as dist
 
+from drmas.weights import messages as msg
 from drmas.weights.chunks import BufferPool, Layout
+from drmas.weights.relay import Hops
 from drmas.weights.stream import ReceiveStream
 from drmas.weights.transport import PairGroup, local_address_towards
 
@@ -85,15 +87,25 @@ class PairMember:
         self.pair = PairGroup.connect(self._store, spec.pair_id, rank, spec.backend, spec.timeout_s,
                                       local_address_towards(spec.store_host), world_size=spec.world_size)
         self._pool: BufferPool | None = None
+        self.hops = Hops(self._store, spec.store_host, spec.backend, spec.timeout_s)
 
-    def stream(self, layout: Layout, on_start: Callable[[], None] = lambda: None,
+    def stream(self, layout: Layout, on_start: Callable[[], msg.Route | None] = lambda: None,
                broken: Callable[[], str | None] = lambda: None) -> ReceiveStream:
-        """A stream over the next update: iterate its ``tensors()`` into the model, then call ``finish()``
-        (``on_start`` and ``broken`` as in `ReceiveStream`)."""
+        """A stream over the next update: iterate its ``tensors()`` into the model, then call ``finish()``.
+
+        ``on_start`` runs just before the first receive (as in `ReceiveStream`); it may return the learner's
+        `Route` for this update, whose hops are then built or reused (see ``relay.py``). ``broken`` as in
+        `ReceiveStream`."""
         self._pool = ReceiveStream.pool_for(layout, self.pair.device, self._pool)
-        return ReceiveStream(self.pair, layout, self._pool, on_start=on_start, broken=broken)
+
+        def start():
+            route = on_start()
+            return None if route is None else self.hops.path(route, self.pair)
+
+        return ReceiveStream(self.pair, layout, self._pool, on_start=start, broken=broken)
 
     def close(self) -> None:
+        self.hops.close()
         self.pair.close()
         self._store = None
         self._pool = None

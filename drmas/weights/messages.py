@@ -14,9 +14,10 @@ Sequence for one receiver::
     Heartbeat(pair_id)               ->  (every heartbeat_s)
                                      <-  HeartbeatReply(pair_id)
                                      <-  Manifest(pair_id, version, layout)   (join sync or push)
-    Ready(pair_id, version)          ->  (the rollout paused generation and posted its receives)
-    (unit broadcasts over the pair group)
-    Ack(pair_id, version, ok, error) ->
+    Ready(pair_id, version)          ->  (the rollout paused generation and is about to receive)
+                                     <-  Route(pair_id, version, upstream, downstream)   (relay chain, see relay.py)
+    (unit broadcasts over the pair group, or from the predecessor's hop group, passed on to the successor's)
+    Ack(pair_id, version, ok, error, forward_error, upstream_failed) ->
                                      <-  Rejoin(pair_id, reason)   (learner dropped the pair or does not know it)
     Leave(pair_id)                   ->  (rollout shuts down)
 """
@@ -31,7 +32,9 @@ from drmas.weights.chunks import Layout
 
 # 2: Join.ranks (a rollout may bring several receiving ranks); a learner of protocol 1 would build a
 # two-rank group for them and hang, so the versions refuse each other.
-PROTOCOL_VERSION = 2
+# 3: the relay chain (Route, Join.relay, Ack.forward_error/upstream_failed): a rollout of protocol 2 would
+# wait for units on its pair that now come from its predecessor, so 2 and 3 refuse each other.
+PROTOCOL_VERSION = 3
 MAX_RANKS = 1024  # receiving ranks one rollout may bring (vLLM workers: tensor x pipeline parallel size)
 
 
@@ -47,6 +50,7 @@ class Join(msgspec.Struct, tag="join", frozen=True):
     nonce: int  # distinguishes this attempt's Welcome from answers to earlier attempts
     protocol: int = PROTOCOL_VERSION
     ranks: int = 1
+    relay: bool = True  # can take a place in a relay chain (receives in this process); False: pair only
 
 
 class Welcome(msgspec.Struct, tag="welcome", frozen=True):
@@ -89,13 +93,34 @@ class Ready(msgspec.Struct, tag="ready", frozen=True):
     version: int
 
 
+class Route(msgspec.Struct, tag="route", frozen=True):
+    """Where this rollout takes ``version``'s units from and passes them on to (see ``relay.py``).
+
+    ``upstream`` '' = from the learner over the pair; else the id of the two-rank hop group shared with the
+    predecessor (this rollout is its rank 1). ``downstream`` '' = pass nothing on; else the hop group to the
+    successor (this rollout is its rank 0). Hop groups live on the learner's store, like pairs.
+    """
+
+    pair_id: str
+    version: int
+    upstream: str = ""
+    downstream: str = ""
+
+
 class Ack(msgspec.Struct, tag="ack", frozen=True):
-    """``version`` was received; ``ok`` tells whether the apply callback accepted it."""
+    """``version`` was received; ``ok`` tells whether the apply callback accepted it.
+
+    ``upstream_failed``: the predecessor in the relay chain failed mid-transfer, so nothing was applied; the
+    pair is fine and the learner sends the version again. ``forward_error``: this rollout got the version but
+    could not pass it on to its successor (which the learner then drops from the push).
+    """
 
     pair_id: str
     version: int
     ok: bool
     error: str = ""
+    forward_error: str = ""
+    upstream_failed: bool = False
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
@@ -119,7 +144,7 @@ class Leave(msgspec.Struct, tag="leave", frozen=True):
     pair_id: str
 
 
-Message = Union[Join, Welcome, Refuse, Manifest, Ready, Ack, Heartbeat, HeartbeatReply, Rejoin, Leave]
+Message = Union[Join, Welcome, Refuse, Manifest, Ready, Route, Ack, Heartbeat, HeartbeatReply, Rejoin, Leave]
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Message)

@@ -188,11 +188,11 @@ class WeightReceiver:
         with session.lock:
             if session.broken is not None:
                 return None
-            stream = session.member.stream(
-                manifest.layout,
-                on_start=lambda: self._link_send(msg.Ready(session.pair_id, manifest.version)),
-                broken=lambda: session.broken,
-            )
+            def ready() -> msg.Route:
+                self._link_send(msg.Ready(session.pair_id, manifest.version))
+                return session.take_route(manifest.version, session.member.spec.timeout_s)
+
+            stream = session.member.stream(manifest.layout, on_start=ready, broken=lambda: session.broken)
             error: Exception | None = None
             start = time.monotonic()
             try:
@@ -201,11 +201,19 @@ class WeightReceiver:
                 error = exc
             elapsed = time.monotonic() - start
             stream.finish()
+            if stream.failed is not None and stream.via_hop:  # the predecessor failed; the pair is fine
+                session.member.hops.close()
+                log.warning("weights: %s: relay of version %d failed upstream: %s",
+                            self.receiver_id, manifest.version, stream.failed)
+                self._link_send(msg.Ack(session.pair_id, manifest.version, False, stream.failed,
+                                        upstream_failed=True))
+                return None
             if stream.failed is not None:
                 session.broken = f"transfer of version {manifest.version} failed: {stream.failed}"
                 log.warning("weights: %s: %s", self.receiver_id, session.broken)
                 return None
-            self._link_send(msg.Ack(session.pair_id, manifest.version, error is None, repr(error) if error else ""))
+            self._link_send(msg.Ack(session.pair_id, manifest.version, error is None, repr(error) if error else "",
+                                    forward_error=stream.forward_error or ""))
         if error is not None:
             raise error
         return self._applied(manifest.version, elapsed)

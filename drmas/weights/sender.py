@@ -2,6 +2,10 @@
 
 One `WeightSender` per learner (per model). Rollouts join and leave at any time; each gets its own two-rank
 process group (`PairGroup`) so that nothing global is resized and a dead rollout breaks only its own pair.
+A push reaches the rollouts through a relay chain over hop groups between them (``relay.py``), so the
+learner sends each byte once whatever their number. The pieces: ``registry.py`` (the joined rollouts),
+``control.py`` (the ROUTER thread), ``transfer.py`` (one transfer, and the join-sync thread), this module
+(the public `WeightSender`: lifecycle, Joins, pair building).
 
 Threads and who owns what:
 - the **control thread** owns the ZeroMQ ROUTER: it answers Joins and heartbeats, records Ready/Ack
@@ -17,14 +21,17 @@ One transfer (push or join sync) to a set of rollouts:
 1. a Manifest (version + layout) goes to each rollout over ZeroMQ;
 2. the learner waits for each rollout's Ready: a rollout only says Ready once it has paused generation and is
    about to receive, so the collective timeout never has to cover a generation step. Rollouts that are ready
-   together are served together (one pass over the data); a rollout that is not ready within
-   ``ready_timeout_s`` is dropped;
-3. the units of the layout are broadcast back to back over each pair, two on the wire at a time; a unit
-   that needs packing is packed while the previous ones travel (two reused unit buffers);
+   together are served together (one pass over the data, down one relay chain); a rollout that is not ready
+   within ``ready_timeout_s`` is dropped;
+3. each rollout of the wave gets its Route (predecessor and successor in the chain); the units of the layout
+   are broadcast back to back over the pair of the chain's head (and of rollouts that only take them over
+   their pair), two on the wire at a time; a unit that needs packing is packed while the previous ones
+   travel (two reused unit buffers); every rollout passes each unit on to its successor;
 4. each rollout acknowledges the version once its apply callback returned.
 Any failure (a broadcast error or timeout, no Ready, no Ack, silence) drops that rollout only: its pair is
-discarded, it is told to Rejoin, and the push carries on with the others. `push` never raises because a
-rollout failed; it reports who got the version and who was dropped.
+discarded, it is told to Rejoin, and the push carries on with the others; rollouts behind it in the chain
+get the version again in a new chain within the same push. `push` never raises because a rollout failed;
+it reports who got the version and who was dropped.
 """
 
 from __future__ import annotations
@@ -38,8 +45,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -47,390 +53,21 @@ import zmq
 
 from drmas.netsec import CurveKeys, is_loopback_host, start_curve_authenticator
 from drmas.weights import messages as msg
-from drmas.weights.chunks import Layout, Packer, plan_layout
 from drmas.weights.config import WeightSyncConfig
-from drmas.weights.transport import WILDCARD_HOSTS, Outbox, PairError, PairGroup, resolve_backend
+from drmas.weights.control import ControlLoop
+from drmas.weights.registry import Peer, Registry
+from drmas.weights.transfer import CurrentWeights, JoinSync, PushReport, Transfer
+from drmas.weights.transport import (
+    WILDCARD_HOSTS,
+    Outbox,
+    PairError,
+    PairGroup,
+    resolve_backend,
+)
 
 log = logging.getLogger(__name__)
 
-CurrentWeights = Callable[[], tuple[int, Iterable[tuple[str, torch.Tensor]]]]
-"""Returns ``(version, named_tensors)`` of the weights a newly joined rollout must receive."""
-
-# Rollouts that become ready within this window of the first one share its pass over the data: a little
-# extra pause for the first, against sending the whole model once per rollout when all poll at once.
-_GATHER_S = 0.1
-
-
-@dataclass
-class PushReport:
-    """Outcome of one transfer. ``bytes`` is the tensor data sent to each rollout (tied weights once)."""
-
-    version: int
-    seconds: float
-    bytes: int
-    receivers_ok: list[str]
-    receivers_dropped: list[str]
-    receivers_failed: list[str] = field(default_factory=list)  # received, but their apply callback raised
-    errors: dict[str, str] = field(default_factory=dict)  # receiver id -> why it was dropped or failed
-
-    @property
-    def gb_per_s(self) -> float:
-        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
-
-
-@dataclass(eq=False)
-class _Peer:
-    """The learner's view of one joined rollout (one pair)."""
-
-    receiver_id: str
-    routing_id: bytes
-    pair_id: str
-    last_seen: float
-    ranks: int = 1  # receiving ranks the rollout brings (the group has 1 + ranks members)
-    pair: PairGroup | None = None  # set once the group is built (the peer is then "connected")
-    busy: bool = False  # a transfer is using the pair: only that transfer may close it
-    drop_reason: str | None = None
-    needs_sync: bool = False  # joined, not yet given the current weights
-    ready_version: int | None = None
-    ack: msg.Ack | None = None
-    acked_version: int | None = None
-
-    @property
-    def connected(self) -> bool:
-        return self.pair is not None and self.drop_reason is None
-
-
-class _Registry:
-    """The joined rollouts, their state, and the one condition variable every waiter uses."""
-
-    def __init__(self, send: Callable[[_Peer, msg.Message], None]) -> None:
-        self.cond = threading.Condition()
-        self._by_id: dict[str, _Peer] = {}
-        self._by_pair: dict[str, _Peer] = {}
-        self._send = send
-
-    def add(self, peer: _Peer) -> None:
-        """Register a new pair; an earlier pair of the same rollout (a restart) is dropped."""
-        with self.cond:
-            old = self._by_id.get(peer.receiver_id)
-            if old is not None:
-                self.drop(old, "replaced by a new Join of the same receiver", tell=False)
-            self._by_id[peer.receiver_id] = peer
-            self._by_pair[peer.pair_id] = peer
-
-    def by_pair(self, pair_id: str) -> _Peer | None:
-        with self.cond:
-            return self._by_pair.get(pair_id)
-
-    def connected(self) -> list[_Peer]:
-        with self.cond:
-            return [p for p in self._by_id.values() if p.connected]
-
-    def all(self) -> list[_Peer]:
-        with self.cond:
-            return list(self._by_id.values())
-
-    def drop(self, peer: _Peer, reason: str, tell: bool = True) -> None:
-        """Forget ``peer``; close its pair unless a transfer holds it (that transfer closes it when done).
-
-        ``tell`` sends it a Rejoin so a live rollout re-joins at once instead of waiting for a timeout.
-        """
-        with self.cond:
-            if peer.drop_reason is not None:
-                return
-            peer.drop_reason = reason
-            if self._by_id.get(peer.receiver_id) is peer:
-                del self._by_id[peer.receiver_id]
-            self._by_pair.pop(peer.pair_id, None)
-            if not peer.busy and peer.pair is not None:
-                peer.pair.close()
-            self.cond.notify_all()
-        log.info("weights: dropped receiver %s (pair %s): %s", peer.receiver_id, peer.pair_id, reason)
-        if tell:
-            self._send(peer, msg.Rejoin(peer.pair_id, reason))
-
-    def release(self, peers: Sequence[_Peer]) -> None:
-        """End a transfer's hold on ``peers``; close the pairs of those dropped meanwhile."""
-        with self.cond:
-            for peer in peers:
-                peer.busy = False
-                if peer.drop_reason is not None and peer.pair is not None:
-                    peer.pair.close()
-
-    def expire(self, now: float, silence_s: float) -> None:
-        """Drop connected peers not heard from for ``silence_s`` (killed, hung, or partitioned)."""
-        for peer in self.connected():
-            if now - peer.last_seen > silence_s:
-                self.drop(peer, f"silent for {now - peer.last_seen:.1f} s")
-
-
-class _Outcome:
-    """Accumulates one transfer's per-rollout results."""
-
-    def __init__(self) -> None:
-        self.ok: list[str] = []
-        self.dropped: list[str] = []
-        self.failed: list[str] = []
-        self.errors: dict[str, str] = {}
-
-    def drop(self, peer: _Peer) -> None:
-        if peer.receiver_id not in self.dropped:
-            self.dropped.append(peer.receiver_id)
-            self.errors[peer.receiver_id] = peer.drop_reason or "dropped"
-
-
-class _Broadcaster:
-    """Runs one transfer (Manifest -> Ready -> unit broadcasts -> Ack) to a set of connected peers."""
-
-    def __init__(self, registry: _Registry, send: Callable[[_Peer, msg.Message], None], cfg: WeightSyncConfig,
-                 incarnation: str = "") -> None:
-        self._registry = registry
-        self._send = send
-        self._cfg = cfg
-        self._incarnation = incarnation
-        self._scratch: list[torch.Tensor] = []  # two unit buffers, kept across transfers
-
-    def run(
-        self, peers: Sequence[_Peer], version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]
-    ) -> PushReport:
-        start = time.monotonic()
-        named = list(named_tensors)
-        layout = plan_layout(named, self._cfg.chunk_bytes)
-        packer = Packer(layout, [None if spec.alias_of >= 0 else t for spec, (_, t) in zip(layout.tensors, named)])
-        outcome = _Outcome()
-        with self._registry.cond:
-            live = [p for p in peers if p.connected and not p.busy]
-            for peer in live:
-                peer.busy, peer.ready_version, peer.ack = True, None, None
-        try:
-            for peer in live:
-                self._send(peer, msg.Manifest(peer.pair_id, version, layout, self._incarnation))
-            remaining, delivered = live, []
-            deadline = start + self._cfg.ready_timeout_s
-            while remaining:
-                wave, remaining = self._await_ready(remaining, version, deadline, outcome)
-                if wave:
-                    delivered += self._stream(wave, layout, packer, outcome)
-            self._await_acks(delivered, version, outcome)
-        finally:
-            self._registry.release(live)
-        return PushReport(
-            version=version,
-            seconds=time.monotonic() - start,
-            bytes=layout.payload_bytes,
-            receivers_ok=sorted(outcome.ok),
-            receivers_dropped=sorted(outcome.dropped),
-            receivers_failed=sorted(outcome.failed),
-            errors=outcome.errors,
-        )
-
-    def _await_ready(
-        self, waiting: list[_Peer], version: int, deadline: float, outcome: _Outcome
-    ) -> tuple[list[_Peer], list[_Peer]]:
-        """Split ``waiting`` into (ready now, still waiting); drop peers that vanished or missed the deadline."""
-        cond = self._registry.cond
-        with cond:
-            first_ready: float | None = None
-            while True:
-                for peer in [p for p in waiting if p.drop_reason is not None]:
-                    outcome.drop(peer)
-                waiting = [p for p in waiting if p.drop_reason is None]
-                ready = [p for p in waiting if p.ready_version == version]
-                now = time.monotonic()
-                if ready and first_ready is None:
-                    first_ready = now
-                if ready and (len(ready) == len(waiting) or now - first_ready >= _GATHER_S):
-                    return ready, [p for p in waiting if p not in ready]
-                if not waiting:
-                    return [], []
-                if now >= deadline:
-                    for peer in waiting:
-                        self._registry.drop(peer, f"not ready within {self._cfg.ready_timeout_s:g} s")
-                        outcome.drop(peer)
-                    return [], []
-                wake = deadline if first_ready is None else min(deadline, first_ready + _GATHER_S)
-                cond.wait(max(wake - now, 0.001))
-
-    def _scratch_buffers(self, nbytes: int, device: torch.device) -> list[torch.Tensor]:
-        if not self._scratch or self._scratch[0].numel() < nbytes or self._scratch[0].device != device:
-            self._scratch = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
-        return self._scratch
-
-    def _stream(self, wave: list[_Peer], layout: Layout, packer: Packer, outcome: _Outcome) -> list[_Peer]:
-        """Broadcast every unit to ``wave``; returns the peers that received all of them.
-
-        Two units are on the wire at a time: unit i is packed into the buffer of unit i-2 (which is waited
-        for first) while unit i-1 is still travelling, so the wire never idles while either side copies.
-        """
-        live = list(wave)
-        scratch = self._scratch_buffers(layout.chunk_bytes, live[0].pair.device)
-        in_flight: list[list[tuple[_Peer, dist.Work]]] = []
-        sent = 0
-        for index, unit in enumerate(layout.units):
-            if unit.nbytes == 0:  # only empty tensors: the manifest says it all
-                continue
-            if len(in_flight) == 2:
-                live = self._finish(in_flight.pop(0), outcome, live)
-            data = packer.unit_bytes(index, scratch[sent % 2])
-            sent += 1
-            works = []
-            for peer in live:
-                try:
-                    works.append((peer, peer.pair.broadcast(data)))
-                except PairError as error:
-                    self._fail(peer, error, outcome)
-            live = [peer for peer, _ in works]
-            in_flight.append(works)
-            if not live:
-                break
-        for works in in_flight:
-            live = self._finish(works, outcome, live)
-        return live
-
-    def _finish(self, works: list[tuple[_Peer, dist.Work]], outcome: _Outcome, live: list[_Peer]) -> list[_Peer]:
-        """Wait for one unit on every peer it was sent to; returns ``live`` minus the peers it failed on."""
-        for peer, work in works:
-            if peer not in live:
-                continue  # already failed on an earlier unit
-            try:
-                peer.pair.wait(work)
-            except PairError as error:
-                self._fail(peer, error, outcome)
-                live = [p for p in live if p is not peer]
-        return live
-
-    def _fail(self, peer: _Peer, error: Exception, outcome: _Outcome) -> None:
-        self._registry.drop(peer, f"broadcast failed: {error}")
-        outcome.drop(peer)
-
-    def _await_acks(self, peers: list[_Peer], version: int, outcome: _Outcome) -> None:
-        deadline = time.monotonic() + self._cfg.timeout_s
-        cond = self._registry.cond
-        with cond:
-            waiting = list(peers)
-            while waiting:
-                for peer in list(waiting):
-                    if peer.drop_reason is not None:
-                        outcome.drop(peer)
-                    elif peer.ack is not None and peer.ack.version == version:
-                        if peer.ack.ok:
-                            outcome.ok.append(peer.receiver_id)
-                            peer.acked_version = version
-                        else:
-                            outcome.failed.append(peer.receiver_id)
-                            outcome.errors[peer.receiver_id] = f"apply failed: {peer.ack.error}"
-                    else:
-                        continue
-                    waiting.remove(peer)
-                left = deadline - time.monotonic()
-                if not waiting:
-                    return
-                if left <= 0:
-                    for peer in waiting:
-                        self._registry.drop(peer, f"no acknowledgement within {self._cfg.timeout_s:g} s")
-                        outcome.drop(peer)
-                    return
-                cond.wait(left)
-
-
-class _ControlLoop(threading.Thread):
-    """Owns the ROUTER socket: Joins, heartbeats, Ready/Ack bookkeeping, queued sends, silence expiry."""
-
-    def __init__(
-        self,
-        router: zmq.Socket,
-        outbox: Outbox,
-        registry: _Registry,
-        handle: Callable[[bytes, msg.Message], None],
-        cfg: WeightSyncConfig,
-    ) -> None:
-        super().__init__(name="drmas-weights-control", daemon=True)
-        self._router = router
-        self._outbox = outbox
-        self._registry = registry
-        self._handle = handle
-        self._cfg = cfg
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._router, zmq.POLLIN)
-        poller.register(self._outbox.wakeup, zmq.POLLIN)
-        cfg = self._cfg
-        tick_ms = max(10, int(cfg.heartbeat_s * 500))
-        while not self.stopping.is_set():
-            events = dict(poller.poll(tick_ms))
-            if self._router in events:
-                self._receive_all()
-            self._send_queued()
-            self._registry.expire(time.monotonic(), cfg.peer_timeout_s)
-        self._send_queued()  # the Rejoins of close(): give them a moment to leave before the socket goes
-        self._router.close(linger=500)
-
-    def _receive_all(self) -> None:
-        while True:
-            try:
-                routing_id, payload = self._router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except ValueError:  # not a two-frame message: not ours
-                continue
-            try:
-                message = msg.decode(payload)
-            except ValueError as error:
-                log.warning("weights: ignoring an undecodable control message: %s", error)
-                continue
-            self._handle(routing_id, message)
-
-    def _send_queued(self) -> None:
-        for routing_id, payload, peer in self._outbox.drain():
-            try:
-                self._router.send_multipart([routing_id, payload], zmq.NOBLOCK)
-            except zmq.ZMQError as error:  # EHOSTUNREACH (ROUTER_MANDATORY): it disconnected; Again: not reading
-                if peer is not None and peer.drop_reason is None:
-                    self._registry.drop(peer, f"control socket unreachable ({error})", tell=False)
-
-
-class _JoinSync(threading.Thread):
-    """Gives the current weights to rollouts that just connected (late joiners and restarted rollouts)."""
-
-    def __init__(
-        self, registry: _Registry, broadcaster: _Broadcaster, provider: CurrentWeights, transfer_lock: threading.RLock
-    ) -> None:
-        super().__init__(name="drmas-weights-join-sync", daemon=True)
-        self._registry = registry
-        self._broadcaster = broadcaster
-        self._provider = provider
-        self._transfer_lock = transfer_lock
-        self.stopping = threading.Event()
-
-    def _newcomers(self) -> list[_Peer]:
-        return [p for p in self._registry.connected() if p.needs_sync]
-
-    def run(self) -> None:
-        cond = self._registry.cond
-        while not self.stopping.is_set():
-            with cond:
-                cond.wait_for(lambda: self.stopping.is_set() or bool(self._newcomers()), timeout=0.5)
-            if self.stopping.is_set():
-                return
-            with self._transfer_lock:
-                peers = self._newcomers()  # a push may have served them while we waited for the lock
-                if not peers or self.stopping.is_set():
-                    continue
-                with cond:
-                    for peer in peers:
-                        peer.needs_sync = False
-                try:
-                    version, named = self._provider()
-                    report = self._broadcaster.run(peers, version, named)
-                except Exception:  # a faulty provider must not kill the thread; the rollout gets the next push
-                    log.exception("weights: join sync failed")
-                    continue
-            log.info(
-                "weights: join sync of version %d to %s in %.2f s (dropped: %s)",
-                report.version, report.receivers_ok, report.seconds, report.receivers_dropped,
-            )
+__all__ = ["CurrentWeights", "PushReport", "WeightSender"]
 
 
 class WeightSender:
@@ -486,12 +123,12 @@ class WeightSender:
         self._incarnation = incarnation or uuid.uuid4().hex[:8]
         self._pair_counter = itertools.count()
         self._transfer_lock = threading.RLock()
-        self._registry = _Registry(self._send)
-        self._broadcaster = _Broadcaster(self._registry, self._send, self.config, self._incarnation)
+        self._registry = Registry(self._send)
+        self._broadcaster = Transfer(self._registry, self._send, self.config, self._incarnation)
         self._context: zmq.Context | None = None
         self._outbox: Outbox | None = None
-        self._control: _ControlLoop | None = None
-        self._join_sync: _JoinSync | None = None
+        self._control: ControlLoop | None = None
+        self._join_sync: JoinSync | None = None
         self._store: dist.TCPStore | None = None
         self._connecting: set[threading.Thread] = set()
         self.version: int | None = None
@@ -527,10 +164,10 @@ class WeightSender:
         public = self.bind_host if self.bind_host not in WILDCARD_HOSTS else socket.gethostname()
         self.endpoint = f"tcp://{public}:{port}"
         self._outbox = Outbox(self._context)
-        self._control = _ControlLoop(router, self._outbox, self._registry, self._handle, self.config)
+        self._control = ControlLoop(router, self._outbox, self._registry, self._handle, self.config)
         self._control.start()
         if self._provider is not None:
-            self._join_sync = _JoinSync(self._registry, self._broadcaster, self._provider, self._transfer_lock)
+            self._join_sync = JoinSync(self._registry, self._broadcaster, self._provider, self._transfer_lock)
             self._join_sync.start()
         log.info("weights: sender for model %r on %s (store port %d, %s)",
                  self.model, self.endpoint, self.store_port, self.backend)
@@ -602,7 +239,7 @@ class WeightSender:
 
     # ------------------------------------------------------------------------------------------ control
 
-    def _send(self, peer: _Peer, message: msg.Message) -> None:
+    def _send(self, peer: Peer, message: msg.Message) -> None:
         if self._outbox is not None:
             self._outbox.put((peer.routing_id, msg.encode(message), peer))
 
@@ -635,7 +272,9 @@ class WeightSender:
 
     def _on_join(self, routing_id: bytes, join: msg.Join) -> None:
         if join.protocol != msg.PROTOCOL_VERSION:
-            self._reply(routing_id, msg.Refuse(join.nonce, f"protocol {join.protocol} != {msg.PROTOCOL_VERSION}"))
+            self._reply(routing_id, msg.Refuse(
+                join.nonce, f"rollout {join.receiver_id!r} speaks weight protocol {join.protocol}, this learner "
+                f"{msg.PROTOCOL_VERSION}: run the same drmas version on both"))
             return
         if self.model and join.model and join.model != self.model:
             self._reply(routing_id, msg.Refuse(join.nonce, f"this learner serves {self.model!r}, not {join.model!r}"))
@@ -646,7 +285,8 @@ class WeightSender:
         pair_id = f"{self._incarnation}-{next(self._pair_counter)}"
         if self._curve is not None:
             pair_id += f"-{secrets.token_hex(16)}"  # unguessable store keys (see __init__)
-        peer = _Peer(join.receiver_id, routing_id, pair_id, last_seen=time.monotonic(), ranks=join.ranks)
+        peer = Peer(join.receiver_id, routing_id, pair_id, last_seen=time.monotonic(), ranks=join.ranks,
+                    relay=join.relay)
         self._registry.add(peer)
         cfg = self.config
         store_host = self.bind_host if self.bind_host not in WILDCARD_HOSTS else ""
@@ -658,7 +298,7 @@ class WeightSender:
         self._connecting.add(thread)
         thread.start()
 
-    def _connect(self, peer: _Peer) -> None:
+    def _connect(self, peer: Peer) -> None:
         """Build the learner's end of ``peer``'s pair group (connect thread)."""
         local = self.bind_host if self.bind_host not in WILDCARD_HOSTS else ""
         try:
