@@ -11,9 +11,26 @@ fan-out and is handed the current weights before it generates, as a restarted on
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 NAMESPACE = "drmas"
+
+
+def use_ray_token_if_present(address) -> bool:
+    """Connect with Ray's token authentication when a token is at hand. Ray turns it on by itself for a
+    cluster it finds (`auto`) but not for an explicit address, where a cluster started with a token (the
+    default for a local Ray in Ray 2.60) would then refuse the connection with `InvalidAuthToken`. Ray reads
+    the mode when it is imported: call this first (or make Ray read its config again). Returns whether it
+    turned token mode on."""
+    if address in (None, "auto") or "RAY_AUTH_MODE" in os.environ:
+        return False
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or \
+            (Path.home() / ".ray" / "auth_token").is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+        return True
+    return False
 
 
 class RolloutControl:
@@ -51,6 +68,7 @@ def main(args: argparse.Namespace) -> int:
     if args.count < 1:
         print(f"drmas rollouts: count must be >= 1, got {args.count}", file=sys.stderr)
         return 2
+    use_ray_token_if_present(args.address)  # before Ray reads its config
     try:
         import ray
     except ImportError:

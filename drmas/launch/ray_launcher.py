@@ -47,7 +47,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from drmas import assembly
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
-from drmas.launch.elastic import NAMESPACE, RolloutControl
+from drmas.launch.elastic import NAMESPACE, RolloutControl, use_ray_token_if_present
 from drmas.launch.placement import add_run_keys, key_files, place_endpoints
 from drmas.launch.ray_host import ProcessHost
 from drmas.launch.supervisor import LOST, Child, Supervisor
@@ -101,6 +101,12 @@ class RayChild(Child):
     def kill(self) -> None:
         self._signal(signal.SIGKILL)
 
+    def close(self) -> None:
+        """Free the node's resources the host holds (a removed rollout's CPUs/GPUs go back to Ray at once)."""
+        if self.host is not None:
+            ray.kill(self.host)
+            self.lost = True
+
 
 class RayLauncher(Supervisor):
     poll_interval_s = 0.5  # each round asks every host for its output: one remote call each
@@ -126,6 +132,8 @@ class RayLauncher(Supervisor):
         if rc.address is None:
             kwargs.update(num_cpus=rc.num_cpus or None, include_dashboard=False,
                           object_store_memory=rc.object_store_mb * 1024 * 1024)
+        if use_ray_token_if_present(rc.address):
+            ray._raylet.Config.initialize("")  # Ray read the mode at import; this is how it re-reads it itself
         try:
             ray.init(address=rc.address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -235,10 +243,7 @@ class RayLauncher(Supervisor):
     def _shutdown(self) -> None:
         if not ray.is_initialized():
             return
-        for child in self.children:
-            if isinstance(child, RayChild) and child.host is not None:
-                ray.kill(child.host)
-        for host, _ in self.server_hosts.values():
+        for host, _ in self.server_hosts.values():  # children closed theirs; these may never have become one
             ray.kill(host)
         if self.control is not None:
             ray.kill(self.control)
