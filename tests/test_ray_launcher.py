@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("ray")
 
 from drmas.metrics import read_metrics  # noqa: E402
+from drmas.netsec import is_loopback_host  # noqa: E402
 from cli_run import run_cli  # noqa: E402
 from pipeline_harness import smoke_async_models  # noqa: E402,F401  (a fixture)
 from test_launcher import ASYNC, _Background, _gone  # noqa: E402
@@ -67,6 +68,7 @@ def test_ray_run_survives_dead_actors_and_follows_added_and_removed_rollouts(tmp
     name = f"drmas-test-{uuid.uuid4().hex[:8]}"
     command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke_async.yaml"),
                f"trainer.output_dir={out}", *ASYNC, "pipeline.launcher=ray", "pipeline.ray.num_cpus=8",
+               "pipeline.ray.host=node",  # endpoints on the node's address, as across nodes: CURVE keys for the run
                f"pipeline.ray.control_name={name}", f"trainer.steps={STEPS}", "trainer.checkpoint_interval=1",
                "pipeline.restarts.backoff_s=0.5", "pipeline.buffer.producer_timeout_s=3"]
     solver = out / "learner-solver_model" / "metrics.jsonl"
@@ -114,6 +116,12 @@ def test_ray_run_survives_dead_actors_and_follows_added_and_removed_rollouts(tmp
     # the local launcher's outputs: a directory per process with its log, the resolved config, the summary
     for proc in set(started) - {"rollout-3"}:  # the removed one may have been stopped while it was loading
         assert f"[{proc}] " in output and "INFO" in (out / proc / "process.log").read_text()
-    assert (out / "config.yaml").read_text().count(":0\n") == 0
+    config = (out / "config.yaml").read_text()
+    assert config.count(":0\n") == 0
+    node = re.search(r"started buffer \(pid \d+ on (\S+),", output).group(1)
+    assert f"producer_endpoint: tcp://{node}:" in config
+    if not is_loopback_host(node):  # every process got the run's keys (the buffer refuses to listen without)
+        assert "endpoints are not loopback: CURVE keys for this run" in output
+        assert "curve_client_secret_file: " + str(out / "keys") in config
     assert "training finished; metrics, TensorBoard and checkpoints under" in output
     assert all(_gone(p) for starts in started.values() for pair in starts for p in pair)
