@@ -50,7 +50,7 @@ from drmas.config.schema import DrmasConfig
 from drmas.launch.elastic import NAMESPACE, RolloutControl, use_ray_token_if_present
 from drmas.launch.placement import add_run_keys, key_files, place_endpoints
 from drmas.launch.ray_host import ProcessHost
-from drmas.launch.supervisor import LOST, Child, Supervisor
+from drmas.launch.supervisor import LOST, Child, PlacementError, Supervisor
 
 _Host = ray.remote(ProcessHost)
 _Control = ray.remote(RolloutControl)
@@ -67,12 +67,16 @@ class RayChild(Child):
     def spawn(self) -> str:
         launcher = self.launcher
         if self.host is None or self.lost:
-            self.host = launcher.new_host(self.name, self.role, self.pg)
+            self.host = launcher.new_host(self.name, self.pg)
             self.lost = False
-        ip, actor_pid = launcher.call(self.host.where.remote())
         ranks = launcher.cfg.models[self.args[1]].ranks if self.role == "learner" else 1
-        pid = launcher.call(self.host.start.remote(self.module, self.args, ranks, launcher.config_text,
-                                                   launcher.key_root, launcher.key_files, os.getcwd()))
+        try:
+            ip, actor_pid = launcher.call(self.host.where.remote())
+            pid = launcher.call(self.host.start.remote(self.module, self.args, ranks, launcher.config_text,
+                                                       launcher.key_root, launcher.key_files, os.getcwd()))
+        except RayActorError as exc:
+            self.lost = True
+            raise PlacementError(f"{self.name}: its Ray actor died while starting it ({exc})") from None
         self.pids.append(pid)
         return f" on {ip}, actor pid {actor_pid}"
 
@@ -116,7 +120,6 @@ class RayLauncher(Supervisor):
         cfg.trainer.output_dir = str(Path(cfg.trainer.output_dir).resolve())  # the hosts' cwd may differ
         super().__init__(cfg, out)
         self.ray_cfg = cfg.pipeline.ray
-        self.started_ray = False
         self.control = None
         self.placement_groups: list = []
         self.server_hosts: dict[str, tuple[Any, Any]] = {}  # name -> (host actor, placement group)
@@ -138,7 +141,6 @@ class RayLauncher(Supervisor):
             ray.init(address=rc.address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ValueError(f"pipeline.ray.address={rc.address}: cannot join the Ray cluster: {exc}") from None
-        self.started_ray = rc.address is None
         try:
             self.control = _Control.options(name=rc.control_name, namespace=NAMESPACE, num_cpus=0).remote()
             self.call(self.control.take.remote([]))
@@ -154,14 +156,15 @@ class RayLauncher(Supervisor):
     def call(self, ref, timeout: float = _CALL_TIMEOUT_S):
         return ray.get(ref, timeout=timeout)
 
-    def new_host(self, name: str, role: str, pg) -> Any:
+    def new_host(self, name: str, pg) -> Any:
         """A ProcessHost for `name`, in its placement group (servers) or anywhere it fits (rollouts), once Ray
-        has placed it; RuntimeError naming the process and its resources when the cluster cannot."""
+        has placed it; PlacementError naming the process and its resources when the cluster cannot."""
         rc = self.ray_cfg
         options: dict[str, Any] = dict(max_restarts=0, max_concurrency=1)
-        if pg is not None:
-            options.update(num_cpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0))
-            options["num_cpus"], options["num_gpus"] = pg.bundle_specs[0].get("CPU", 0), pg.bundle_specs[0].get("GPU", 0)
+        if pg is not None:  # the whole bundle: a learner's GPUs all show in its CUDA_VISIBLE_DEVICES (torchrun ranks)
+            bundle = pg.bundle_specs[0]
+            options.update(num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
+                           scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0))
         else:
             options.update(num_cpus=rc.cpus_per_process, num_gpus=rc.rollout_gpus)
         host = _Host.options(**options).remote(name)
@@ -169,7 +172,7 @@ class RayLauncher(Supervisor):
             self.call(host.where.remote(), timeout=rc.placement_timeout_s)
         except GetTimeoutError:
             ray.kill(host)
-            raise RuntimeError(f"{name}: the Ray cluster could not place it within pipeline.ray.placement_timeout_s="
+            raise PlacementError(f"{name}: the Ray cluster could not place it within pipeline.ray.placement_timeout_s="
                                f"{rc.placement_timeout_s:g} s (it asks for {options.get('num_cpus')} CPUs and "
                                f"{options.get('num_gpus', 0)} GPUs; see `ray status`)") from None
         return host
@@ -181,7 +184,7 @@ class RayLauncher(Supervisor):
         try:
             self.call(pg.ready(), timeout=self.ray_cfg.placement_timeout_s)
         except GetTimeoutError:
-            raise RuntimeError(f"{name}: no node of the Ray cluster has {bundle} free (placement group not ready "
+            raise PlacementError(f"{name}: no node of the Ray cluster has {bundle} free (placement group not ready "
                                f"within pipeline.ray.placement_timeout_s={self.ray_cfg.placement_timeout_s:g} s; "
                                "see `ray status`)") from None
         return pg
@@ -196,8 +199,8 @@ class RayLauncher(Supervisor):
                 names[f"learner-{model}"] = (rc.cpus_per_process * ranks, rc.learner_gpus_per_rank * ranks)
             for name, (cpus, gpus) in names.items():
                 pg = self._server_group(name, cpus, gpus)
-                self.server_hosts[name] = (self.new_host(name, "server", pg), pg)
-        except RuntimeError as exc:
+                self.server_hosts[name] = (self.new_host(name, pg), pg)
+        except PlacementError as exc:
             raise ValueError(str(exc)) from None
         ips = {name: self.call(host.where.remote())[0] for name, (host, _) in self.server_hosts.items()}
         hosts = {name: host for name, (host, _) in self.server_hosts.items()}
@@ -230,7 +233,11 @@ class RayLauncher(Supervisor):
                 start = 1 + max((int(c.name.split("-")[1]) for c in self.children if c.role == "rollout"), default=-1)
                 self._say("launcher", f"adding {delta} rollout(s) on request")
                 for index in range(start, start + delta):
-                    self.add_rollout(index)
+                    try:
+                        self.add_rollout(index)
+                    except PlacementError as exc:  # the cluster has no room: the run goes on as it was
+                        self._say("launcher", f"{exc}: not added")
+                        break
             else:
                 keep = max(len(rollouts) + delta, 1)
                 if keep > len(rollouts) + delta:

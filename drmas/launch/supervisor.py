@@ -80,6 +80,10 @@ class Child(ABC):
 LOST = -1_000_000  # `Child.poll` of a process whose host vanished (no exit code to report)
 
 
+class PlacementError(RuntimeError):
+    """A process could not be given a place to run (a cluster without the resources it asks for)."""
+
+
 class Supervisor(ABC):
     """Runs the pipeline: prepare, start, supervise, stop, evaluate; `launch` of every backend."""
 
@@ -97,7 +101,7 @@ class Supervisor(ABC):
     @abstractmethod
     def _place(self) -> None:
         """Decide where every process runs and fix `self.cfg`'s endpoints (no port 0 left); may raise
-        ValueError/RuntimeError with a message naming what cannot be placed."""
+        ValueError with a message naming what cannot be placed."""
 
     @abstractmethod
     def _child(self, name: str, role: str, module: str, args: list[str]) -> Child:
@@ -127,12 +131,17 @@ class Supervisor(ABC):
             if not self.cfg.trainer.resume:
                 accuracy["before"] = self._heldout("before")
             try:
-                self._start("buffer", "buffer", "drmas.buffer.main", [])
-                for model in assembly.trained_models(self.cfg):
-                    self._start(f"learner-{model}", "learner", "drmas.learner.main", ["--model", model])
-                for index in range(self.cfg.pipeline.num_rollouts):
-                    self.add_rollout(index)
-                code = self._watch(stop)
+                try:
+                    self._start("buffer", "buffer", "drmas.buffer.main", [])
+                    for model in assembly.trained_models(self.cfg):
+                        self._start(f"learner-{model}", "learner", "drmas.learner.main", ["--model", model])
+                    for index in range(self.cfg.pipeline.num_rollouts):
+                        self.add_rollout(index)
+                except PlacementError as exc:
+                    self._say("launcher", f"{exc}: stopping the run")
+                    code = 1
+                else:
+                    code = self._watch(stop)
             finally:
                 self._stop_all()
             if code == 0:
@@ -201,7 +210,11 @@ class Supervisor(ABC):
                     continue
                 if child.restart_at is not None:
                     if now >= child.restart_at:
-                        self._restart(child)
+                        try:
+                            self._restart(child)
+                        except PlacementError as exc:
+                            self._say("launcher", f"{exc}: stopping the run")
+                            return 1
                     continue
                 rc = child.poll()
                 if rc is None:
@@ -232,8 +245,8 @@ class Supervisor(ABC):
     # ---- children ------------------------------------------------------------------------------------
     def _start(self, name: str, role: str, module: str, args: list[str]) -> Child:
         child = self._child(name, role, module, list(args))
-        self.children.append(child)
         self._spawn(child)
+        self.children.append(child)  # only once started: one that could not be placed is not supervised
         return child
 
     def _restart(self, child: Child) -> None:
@@ -244,6 +257,7 @@ class Supervisor(ABC):
         self._spawn(child)
 
     def _spawn(self, child: Child) -> None:
+        """Start `child`; PlacementError when it cannot be placed."""
         where = child.spawn()
         self._say("launcher", f"started {child.name} (pid {child.pids[-1]}{where})")
 
