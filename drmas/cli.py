@@ -1,4 +1,5 @@
-"""The `drmas` command line: `drmas run`, `drmas eval`, `drmas retriever serve`, `drmas config show|keys`."""
+"""The `drmas` command line: `drmas run`, `drmas eval`, `drmas retriever serve`, `drmas config show|keys`,
+`drmas keys`, `drmas rollouts add|remove`."""
 
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     cfg_sub.add_parser("keys", help="list every config key with its default and help text")
     from drmas.evaluation.command import add_parser as add_eval_parser
     from drmas.keys import add_parser as add_keys_parser
+    from drmas.launch.elastic import add_parser as add_rollouts_parser
     from drmas.retrieval.cli import add_parser as add_retriever_parser
 
     add_eval_parser(sub)
     add_retriever_parser(sub)
     add_keys_parser(sub)
+    add_rollouts_parser(sub)
     return parser
 
 
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(cfg) -> int:
     if cfg.pipeline.mode == "async":
-        from drmas.launcher import launch
+        from drmas.launch import launch
 
         return launch(cfg)
     from drmas.colocated import ColocatedRun

@@ -115,6 +115,11 @@ def test_pipeline_sections_take_nested_overrides():
         ("pipeline.weights.timeout_s=0", "pipeline.weights.timeout_s"),
         ("pipeline.learner_ports={nope: 7000}", "pipeline.learner_ports.nope"),
         ("pipeline.learner_ports={policy: 70000}", "pipeline.learner_ports.policy"),
+        ("pipeline.launcher=slurm", "pipeline.launcher"),
+        ("pipeline.launcher=ray", "pipeline.launcher=ray: launchers start the async pipeline"),
+        ("pipeline.ray.host=everywhere", "pipeline.ray.host"),
+        ("pipeline.ray.rollout_gpus=-1", "pipeline.ray.rollout_gpus"),
+        ("pipeline.ray.object_store_mb=10", "pipeline.ray.object_store_mb"),
     ],
 )
 def test_impossible_pipeline_values_name_the_key(override, key):

@@ -14,7 +14,7 @@ import pytest
 
 from drmas import assembly
 from drmas.config import load_config
-from drmas.launcher import assign_ports
+from drmas.launch.local import assign_ports
 from drmas.metrics import read_metrics
 from cli_run import run_cli
 from pipeline_harness import smoke_async_models  # noqa: F401  (a fixture)

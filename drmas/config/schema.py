@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from drmas.buffer.config import BufferConfig
+from drmas.launch.ray_config import RayConfig
 from drmas.restarts import RestartConfig
 from drmas.retrieval.config import RetrievalConfig
 from drmas.weights.config import WeightSyncConfig
@@ -243,6 +244,12 @@ class PipelineConfig:
         "Most learner updates a consumed sample may lag behind the weights it trains (0 = synchronous "
         "on-policy training). Enforced when rollouts admit new groups and again when learners consume them.",
     )
+    launcher: str = _f(
+        "local",
+        "How `drmas run` starts the async pipeline: 'local' (OS processes of this machine) or 'ray' (Ray actors "
+        "on a Ray cluster, placed with their CPUs/GPUs; see pipeline.ray). Same outputs either way.",
+    )
+    ray: RayConfig = _f(RayConfig, "The Ray launcher (pipeline.launcher=ray): cluster address, CPUs/GPUs per process.")
     num_rollouts: int = _f(1, "Rollout processes `drmas run` launches (any number may be started by hand).")
     groups_in_flight: int = _f(
         0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from drmas.config.schema import DrmasConfig
 from drmas.devices import DEVICE_SPEC
+from drmas.launch import LAUNCHERS
 
 NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -135,6 +136,15 @@ def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
     p = cfg.pipeline
     if p.mode not in PIPELINE_MODES:
         errors.append(f"pipeline.mode: {p.mode!r} is not one of {', '.join(PIPELINE_MODES)}")
+    if p.launcher not in LAUNCHERS:
+        errors.append(f"pipeline.launcher: {p.launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    elif p.launcher == "ray" and p.mode != "async":
+        errors.append(f"pipeline.launcher=ray: launchers start the async pipeline's processes; set pipeline.mode=async "
+                      f"(got {p.mode!r})")
+    try:
+        p.ray.validate()
+    except ValueError as exc:  # RayConfig names its fields in full
+        errors.append(str(exc))
     for key, low in (("max_staleness", 0), ("num_rollouts", 1), ("groups_in_flight", 0)):
         if getattr(p, key) < low:
             errors.append(f"pipeline.{key}: must be >= {low}, got {getattr(p, key)}")

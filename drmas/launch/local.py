@@ -1,0 +1,148 @@
+"""The local launcher (`pipeline.launcher=local`): buffer, learners and rollouts as OS processes of this machine.
+
+It adds nothing the processes cannot do when started by hand; what it shares with every launcher (output
+directory, models, held-out evaluation, restarts, stop order) is `drmas.launch.supervisor`. Here:
+
+* every port 0 is replaced by a free port of this machine (`assign_ports`), and the resulting config is
+  written to `<output_dir>/config.yaml`, which every child then loads, so all of them agree on the endpoints,
+* a learner with `models.<id>.ranks` > 1 is started through torchrun (its ranks on this machine's GPUs or
+  cores, checked before anything starts),
+* every child runs in a session of its own (a Ctrl-C reaches the launcher only, which then stops them in
+  order), its output copied to ours by a thread per process.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Optional, TextIO
+from urllib.parse import urlsplit
+
+from drmas import assembly
+from drmas.config.schema import DrmasConfig
+from drmas.devices import check_ranks
+from drmas.endpoints import learner_address
+from drmas.launch.supervisor import Child, Supervisor
+
+
+def assign_ports(cfg: DrmasConfig) -> DrmasConfig:
+    """A copy of `cfg` in which every port 0 (buffer endpoints, learner weight ports) is a free port."""
+    cfg = copy.deepcopy(cfg)
+    buf = cfg.pipeline.buffer
+    for key in ("producer_endpoint", "consumer_endpoint"):
+        parts = urlsplit(getattr(buf, key))
+        if parts.scheme == "tcp" and parts.port in (None, 0):
+            host = parts.hostname or "127.0.0.1"
+            setattr(buf, key, f"tcp://{host}:{free_port(host)}")
+    for model in assembly.trained_models(cfg):
+        host, port = learner_address(cfg, model)
+        if port == 0:
+            cfg.pipeline.learner_ports[model] = free_port(host)
+    return cfg
+
+
+def learner_command(ranks: int, module: str, args: list[str]) -> tuple[str, list[str]]:
+    """(module, args) of a learner: itself, or torchrun starting its `ranks` ranks on this machine."""
+    if ranks == 1:
+        return module, args
+    rendezvous = ["--nnodes", "1", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
+                  "--master-port", str(free_port("127.0.0.1"))]
+    return "torch.distributed.run", [*rendezvous, "-m", module, *args]
+
+
+def free_port(host: str) -> int:
+    return free_ports(host, 1)[0]
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """`count` distinct ports free on this machine for `host` (all probed at once, so none repeats)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind((host, 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
+def child_command(python: str, module: str, config: str, args: list[str], ranks: int) -> list[str]:
+    """The command line of a pipeline process (`ranks` > 1: a learner under torchrun)."""
+    module, args = learner_command(ranks, module, ["--config", config, *args])
+    return [python, "-u", "-m", module, *args]
+
+
+def pump_lines(stream, emit) -> None:
+    """Hand each line of a child's output to `emit` (tqdm's \\r updates become lines; blank lines dropped)."""
+    for raw in stream:
+        for line in raw.decode(errors="replace").replace("\r", "\n").splitlines():
+            if line.strip():
+                emit(line)
+
+
+def popen_session(command: list[str], **kwargs) -> subprocess.Popen:
+    """A child in a session of its own, output piped (stderr merged), no stdin."""
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, **kwargs)
+
+
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@dataclass
+class LocalChild(Child):
+    launcher: Optional["LocalLauncher"] = None
+    proc: Optional[subprocess.Popen] = None
+    pumps: list[threading.Thread] = field(default_factory=list)  # one per start, joined at the end
+
+    def spawn(self) -> str:
+        launcher = self.launcher
+        ranks = launcher.cfg.models[self.args[1]].ranks if self.role == "learner" else 1
+        self.proc = popen_session(child_command(launcher.python, self.module, str(launcher.config_file), self.args,
+                                                ranks))
+        pump = threading.Thread(target=pump_lines, args=(self.proc.stdout, lambda line: launcher._say(self.name, line)),
+                                name=f"drmas-log-{self.name}", daemon=True)
+        pump.start()
+        self.pumps.append(pump)
+        self.pids.append(self.proc.pid)
+        return ""
+
+    def poll(self) -> Optional[int]:
+        return self.proc.poll()
+
+    def terminate(self) -> None:
+        signal_group(self.proc, signal.SIGTERM)
+
+    def kill(self) -> None:
+        signal_group(self.proc, signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self) -> None:
+        for pump in self.pumps:
+            pump.join(timeout=5)
+
+
+class LocalLauncher(Supervisor):
+    def __init__(self, cfg: DrmasConfig, out: TextIO = sys.stdout, python: str = sys.executable) -> None:
+        super().__init__(cfg, out)
+        self.python = python
+
+    def _check_machine(self) -> None:
+        for model_id in assembly.trained_models(self.cfg):  # the learners' ranks run on this machine
+            check_ranks(self.cfg.models[model_id].device, self.cfg.models[model_id].ranks, f"models.{model_id}.ranks")
+
+    def _place(self) -> None:
+        self.cfg = assign_ports(self.cfg)
+
+    def _child(self, name: str, role: str, module: str, args: list[str]) -> Child:
+        return LocalChild(name, role, module, args, launcher=self)

@@ -1,0 +1,109 @@
+"""Endpoints and CURVE keys of a run whose processes are placed by a cluster (the Ray launcher), without Ray.
+
+Where a process lands is known only once the cluster has placed it, so its endpoints are fixed afterwards:
+the buffer and every learner report their node's address and free ports chosen *on that node* (a port free
+on the driver's machine says nothing about another node), and `place_endpoints` writes them into the config
+every process then loads (buffer first, then learners; rollouts only connect). When any endpoint is not
+loopback the run's sockets are reachable from the network, where the buffer and the learners refuse to
+listen without CURVE (`drmas.netsec`), so `add_run_keys` generates one key set for the run (unless the
+config names keys already) and every process gets it: a cluster node need not share a filesystem with the
+driver, so key files travel as text (`key_files`) and each host writes them next to its copy of the config
+(`localize`).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+from urllib.parse import urlsplit
+
+from drmas.config.schema import DrmasConfig
+from drmas.endpoints import learner_address
+from drmas.keys import KEY_FIELDS, generate_keys
+from drmas.netsec import is_local_endpoint, is_loopback_host
+
+LOOPBACK = "127.0.0.1"
+BUFFER_ENDPOINTS = ("producer_endpoint", "consumer_endpoint")
+
+
+def bind_host(mode: str, configured: str, node_ip: str, multi_node: bool) -> str:
+    """The address a server process on `node_ip` binds and announces (`pipeline.ray.host`). A configured
+    non-loopback host is the user's choice and kept; a loopback one becomes the node's address when other
+    nodes must reach it ('node', or 'auto' on a cluster of more than one node)."""
+    if not is_loopback_host(configured):
+        return configured
+    if mode == "node" or (mode == "auto" and multi_node):
+        return node_ip
+    return LOOPBACK if configured == "localhost" else configured
+
+
+def place_endpoints(cfg: DrmasConfig, buffer_ip: str, learner_ips: Mapping[str, str],
+                    free_ports: Callable[[str, int], list[int]], multi_node: bool) -> DrmasConfig:
+    """A copy of `cfg` whose buffer and learner endpoints are where they were placed: the node's address
+    (see `bind_host`) and, for every port 0, a port `free_ports(name, n)` found free on that process's node
+    (`name` is "buffer" or "learner-<model>"). Fixed ports are kept."""
+    cfg = copy.deepcopy(cfg)
+    mode = cfg.pipeline.ray.host
+    buf = cfg.pipeline.buffer
+    parts = {key: urlsplit(getattr(buf, key)) for key in BUFFER_ENDPOINTS}
+    wanted = [key for key, p in parts.items() if p.scheme == "tcp" and p.port in (None, 0)]
+    ports = dict(zip(wanted, free_ports("buffer", len(wanted)))) if wanted else {}
+    for key, p in parts.items():
+        if p.scheme != "tcp":
+            continue  # ipc/inproc: one machine by construction
+        host = bind_host(mode, p.hostname or LOOPBACK, buffer_ip, multi_node)
+        setattr(buf, key, f"tcp://{host}:{ports.get(key, p.port)}")
+    for model, ip in learner_ips.items():
+        host, port = learner_address(cfg, model)
+        if port == 0:
+            (port,) = free_ports(f"learner-{model}", 1)
+        cfg.pipeline.learner_hosts[model] = bind_host(mode, host, ip, multi_node)
+        cfg.pipeline.learner_ports[model] = port
+    return cfg
+
+
+def exposed_endpoints(cfg: DrmasConfig, models) -> list[str]:
+    """The endpoints of `cfg` other machines can reach (each one needs CURVE)."""
+    endpoints = [getattr(cfg.pipeline.buffer, key) for key in BUFFER_ENDPOINTS]
+    endpoints += ["tcp://%s:%d" % learner_address(cfg, model) for model in models]
+    return [e for e in endpoints if not is_local_endpoint(e)]
+
+
+def add_run_keys(cfg: DrmasConfig, models, key_root: Path) -> Optional[Path]:
+    """When an endpoint is exposed and the config names no CURVE keys, write one key set under `key_root`
+    and point every `pipeline.buffer.curve_*` field of `cfg` (in place) at it; returns `key_root`, or None
+    when no keys were made. Keys the config names are left alone (the user distributed them)."""
+    buf = cfg.pipeline.buffer
+    if not exposed_endpoints(cfg, models) or any(getattr(buf, key) for key in KEY_FIELDS):
+        return None
+    layout = generate_keys(key_root, clients=1, force=True)
+    for override in layout.server_overrides() + layout.client_overrides(0):
+        key, value = override.split("=", 1)
+        setattr(buf, key.rsplit(".", 1)[1], value)
+    return key_root
+
+
+def key_files(key_root: Optional[Path]) -> dict[str, str]:
+    """Relative path -> text of every certificate under `key_root` (empty without keys)."""
+    if key_root is None:
+        return {}
+    return {str(p.relative_to(key_root)): p.read_text() for p in sorted(key_root.rglob("*")) if p.is_file()}
+
+
+def localize(config_text: str, key_root: Optional[str], files: Mapping[str, str], dest: Path) -> Path:
+    """Write the key `files` under `dest/keys` (secrets readable by their owner only) and the config, with
+    the driver's `key_root` replaced by that directory, to `dest/config.yaml`; returns the config's path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if key_root is not None and files:
+        local = dest / "keys"
+        for relative, text in files.items():
+            path = local / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            if path.name.endswith("_secret"):
+                path.chmod(0o600)
+        config_text = config_text.replace(key_root, str(local))
+    config = dest / "config.yaml"
+    config.write_text(config_text)
+    return config
