@@ -43,15 +43,17 @@ def resolve_device(spec: str, key: str) -> torch.device:
 
 def check_ranks(spec: str, ranks: int, key: str) -> None:
     """Refuse, naming `key`, `ranks` learner ranks of a model placed at `spec` that this machine cannot hold:
-    each rank takes a GPU of its own (the first `ranks` visible ones) or, on CPU, at least one core."""
+    each rank takes a GPU of its own (the first `ranks` visible ones) or, on CPU, at least one core. Under a
+    multi-node torchrun (`--nnodes`), only this node's ranks (LOCAL_WORLD_SIZE) must fit here."""
     if ranks <= 1:
         return
+    here = min(ranks, int(os.environ.get("LOCAL_WORLD_SIZE", ranks)))
     device = resolve_device(spec, key.rsplit(".", 1)[0] + ".device")
     if device.type == "cuda":
         have, what = torch.cuda.device_count(), "GPU(s) visible (CUDA_VISIBLE_DEVICES decides which)"
     else:
         have, what = len(os.sched_getaffinity(0)), "CPU core(s) available to this process"
-    if ranks > have:
+    if here > have:
         unit = "a GPU" if device.type == "cuda" else "a CPU core"
         raise ValueError(f"{key}={ranks}: each learner rank needs {unit} of its own and this machine has {have} {what}")
 

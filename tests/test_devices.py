@@ -56,3 +56,15 @@ def test_learner_ranks_beyond_the_machine_are_refused_naming_the_key():
         check_ranks("auto", cores + 1, "models.policy.ranks")
     with pytest.raises(ValueError, match=r"models.policy.device=cuda: this process sees no CUDA device"):
         check_ranks("cuda", 2, "models.policy.ranks")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_learner_ranks_over_several_nodes_need_only_this_nodes_share(monkeypatch):
+    from drmas.devices import check_ranks
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))  # torchrun --nnodes 2 --nproc-per-node <cores>
+    check_ranks("cpu", 2 * cores, "models.policy.ranks")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores + 1))
+    with pytest.raises(ValueError, match=rf"models.policy.ranks={2 * cores + 2}: each learner rank needs a CPU core"):
+        check_ranks("cpu", 2 * cores + 2, "models.policy.ranks")
