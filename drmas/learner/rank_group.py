@@ -21,8 +21,9 @@ collectives then fail (gloo sees the closed connection; torchrun also ends the g
 the learner with a message naming every rank that reported and why (`failure_reports`), instead of a
 bare collective error or a hang.
 
-Interim, until the weight fan-out (issue 14): every rank gathers the whole weights after each update
-(rank 0 keeps them for pushes, joins and its HF checkpoint: one full copy beside its shard).
+Interim, until the gather streams layer by layer into the push (issue 14): after each update rank 0 keeps
+the whole weights for pushes, joins and its HF checkpoint (one full copy beside its shard); the other ranks
+take part in the same gather one parameter at a time and keep none (`_take_part_in_gather`).
 """
 
 from __future__ import annotations
