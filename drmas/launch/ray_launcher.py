@@ -168,13 +168,17 @@ class RayLauncher(Supervisor):
         else:
             options.update(num_cpus=rc.cpus_per_process, num_gpus=rc.rollout_gpus)
         host = _Host.options(**options).remote(name)
+        # In a ready placement group the resources are already held: what remains is starting the actor's worker
+        # process, which a loaded node may take longer than a short placement timeout for; that is not placement.
+        timeout = rc.placement_timeout_s if pg is None else max(rc.placement_timeout_s, _CALL_TIMEOUT_S)
         try:
-            self.call(host.where.remote(), timeout=rc.placement_timeout_s)
+            self.call(host.where.remote(), timeout=timeout)
         except GetTimeoutError:
             ray.kill(host)
-            raise PlacementError(f"{name}: the Ray cluster could not place it within pipeline.ray.placement_timeout_s="
-                               f"{rc.placement_timeout_s:g} s (it asks for {options.get('num_cpus')} CPUs and "
-                               f"{options.get('num_gpus', 0)} GPUs; see `ray status`)") from None
+            raise PlacementError(f"{name}: the Ray cluster could not place and start it within {timeout:g} s "
+                               f"(pipeline.ray.placement_timeout_s={rc.placement_timeout_s:g}; it asks for "
+                               f"{options.get('num_cpus')} CPUs and {options.get('num_gpus', 0)} GPUs; see "
+                               "`ray status`)") from None
         return host
 
     def _server_group(self, name: str, cpus: float, gpus: float):
