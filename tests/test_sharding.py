@@ -62,6 +62,12 @@ def _update(trainer: PolicyTrainer, samples) -> tuple[dict[str, float], dict[str
     return metrics, {name: t.clone() for name, t in trainer.named_tensors()}
 
 
+def _read_pass(source) -> dict[str, torch.Tensor]:
+    """Every tensor of one pass of a weight source, in order, as a push reads them (copies kept)."""
+    with source.open() as tensors:
+        return {spec.name: tensors[i].clone() for i, spec in enumerate(source.specs())}
+
+
 def _full_state(trainer: PolicyTrainer) -> dict:
     """Whole weights and AdamW moments by parameter name (a collective with N ranks; rank 0 gets them)."""
     model, optim = get_state_dict(trainer.model, trainer.optimizer,
@@ -89,7 +95,7 @@ def _rank_main(rank: int, size: int, port: int, model_dir: str, samples, bad, ou
         if rank:
             follow(trainer, fanout)
             return
-        orders(fanout, list(trainer.named_tensors()))  # the initial gather follow() starts with
+        orders(fanout)
         fanout.finish()
 
     results = {}
@@ -101,17 +107,19 @@ def _rank_main(rank: int, size: int, port: int, model_dir: str, samples, bad, ou
                 writer = trainer  # one update taken: checkpointed below
         results["written"] = _full_state(writer)
 
-        def save_then_update(fanout: BatchFanout, weights) -> None:  # LearnerWorker._save and _step on rank 0
-            results["checkpoint"] = fanout.save(writer, Path(ckpt_root), 1, weights, load_tokenizer(Path(model_dir)),
+        def save_then_update(fanout: BatchFanout) -> None:  # LearnerWorker._save and _step on rank 0
+            source = writer.weight_source(before_pass=fanout.gather)  # the HF directory: streamed, ordered
+            results["checkpoint"] = fanout.save(writer, Path(ckpt_root), 1, source, load_tokenizer(Path(model_dir)),
                                                 {"version": 1})
             fanout.send(samples, ADVANTAGES)
-            results["uninterrupted"] = _update(writer, samples)[1]
+            writer.update(samples, ADVANTAGES, version=0)
+            results["uninterrupted"] = _read_pass(source)  # as a push reads them: one ordered gather pass
 
         led(writer, save_then_update)
         resumed = _trainer(Path(model_dir), *SETTINGS[0], ShardedRanks(torch.device("cpu")))
         ckpt = checkpoint.checkpoint_dir(ckpt_root, 1)
 
-        def resume(fanout: BatchFanout, _) -> None:  # what LearnerWorker._resume does on rank 0
+        def resume(fanout: BatchFanout) -> None:  # what LearnerWorker._resume does on rank 0
             fanout.resume(resumed, ckpt, 1)
 
         led(resumed, resume)
@@ -128,7 +136,6 @@ def _rank_main(rank: int, size: int, port: int, model_dir: str, samples, bad, ou
             except IndexError:
                 pass  # reported to rank 0 by follow(); this rank then ends, as torchrun would end it
             return
-        list(resumed.named_tensors())
         fanout.send(bad, ADVANTAGES[:4])
         try:
             resumed.update(bad, ADVANTAGES[:4])

@@ -24,7 +24,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -60,8 +60,11 @@ class GroupCollector:
 
     def __init__(self, consumer: BufferConsumer, agents: Sequence[str], groups_per_step: int,
                  max_staleness: int, stop: StopFlag, poll_ms: int = 200,
-                 limits: SampleLimits | None = None) -> None:
+                 limits: SampleLimits | None = None, idle: Callable[[], None] | None = None) -> None:
+        """``idle``: called before every pull (at most ``poll_ms`` apart while the buffer has nothing): the
+        learner serves rollouts that joined meanwhile from its own thread (see `WeightSender.serve_joins`)."""
         self.consumer = consumer
+        self.idle = idle
         self.limits = limits
         self.agents = list(agents)
         self.groups_per_step = groups_per_step
@@ -77,6 +80,8 @@ class GroupCollector:
         while len(group_ids) < self.groups_per_step:
             if self.stop.is_set():
                 return None
+            if self.idle is not None:
+                self.idle()
             wanted = (self.groups_per_step - len(group_ids)) * len(self.agents)
             start = time.monotonic()
             try:

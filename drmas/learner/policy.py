@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from drmas.learner.collate import float_rows, response_logprobs
 from drmas.learner.loss import ppo_loss
 from drmas.learner.ranks import SingleRank
 from drmas.protocol import Sample
+from drmas.weights.source import WeightSource
 
 
 class PolicyTrainer:
@@ -58,6 +59,10 @@ class PolicyTrainer:
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The current weights by name, as an engine's `load_weights` takes them (whole, also when sharded)."""
         yield from self.ranks.full_tensors(self.model)
+
+    def weight_source(self, before_pass: Callable[[], None] | None = None) -> WeightSource:
+        """The current weights as pushes and checkpoints stream them (`SingleRank.weight_source`)."""
+        return self.ranks.weight_source(self.model, before_pass)
 
     @torch.no_grad()
     def logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:

@@ -10,10 +10,13 @@ The samples are small next to the model (token ids and log-probs), so sending al
 costs little, and every rank computes the same metrics.
 
 The followers repeat what rank 0 does with the model in the same order, because every sharded pass, every
-gather of the whole weights and every checkpoint save or load is a collective: the initial gather, then
-rank 0's orders, one broadcast each: `update` (the update, then the gather of the new weights, which rank 0
-pushes to the rollouts), `save` (every rank writes its shards of the checkpoint), `resume` (every rank
-reads its shards, then the gather). A `None` order ends them.
+gather of the whole weights and every checkpoint save or load is a collective: rank 0's orders, one
+broadcast each: `update` (the update), `gather` (one streamed pass over the whole weights: a push, a join
+sync, a resend within a push, or the HF directory of a checkpoint; see `drmas.learner.gathered`), `save`
+(every rank writes its shards of the checkpoint; rank 0's HF directory follows as a `gather`), `resume`
+(every rank reads its shards). A `None` order ends them. A gather is ordered by the pass that needs it,
+not implied by an update, because how many passes a step takes depends on the rollouts (none connected:
+none; a broken relay chain: a second one).
 
 A failed update cannot be skipped as with one rank: the other ranks are inside its collectives. The rank
 that failed records why in the process group's store (`report_failure`) before it exits; its peers'
@@ -21,9 +24,8 @@ collectives then fail (gloo sees the closed connection; torchrun also ends the g
 the learner with a message naming every rank that reported and why (`failure_reports`), instead of a
 bare collective error or a hang.
 
-Interim, until the gather streams layer by layer into the push (issue 14): after each update rank 0 keeps
-the whole weights for pushes, joins and its HF checkpoint (one full copy beside its shard); the other ranks
-take part in the same gather one parameter at a time and keep none (`_take_part_in_gather`).
+No rank keeps the whole weights: rank 0 gathers them one parameter at a time as each pass reads them
+(packed into the push's units, or written into the HF checkpoint), the others take part and keep none.
 """
 
 from __future__ import annotations
@@ -81,21 +83,23 @@ class BatchFanout:
         """Rank 0: the next update's batch."""
         self._order(("update", list(samples), advantages))
 
-    def save(self, trainer, output_dir: Path, version: int, weights: list[tuple[str, torch.Tensor]], tokenizer,
-             run_state: dict) -> Path:
+    def gather(self) -> None:
+        """Rank 0, as a pass over the whole weights opens: the other ranks take part in its gathers."""
+        self._order(("gather",))
+
+    def save(self, trainer, output_dir: Path, version: int, source, tokenizer, run_state: dict) -> Path:
         """Rank 0: write the checkpoint of `version` with every rank: each its shards of the trainer state,
-        rank 0 also the HF directory of the whole `weights`, `run_state` and the marker."""
+        rank 0 also the HF directory of the whole weights streamed from `source` (rank 0's weight source,
+        whose pass orders the other ranks' gathers), `run_state` and the marker."""
         self._order(("save", str(output_dir), version))
-        model = trainer.ranks.saveable(trainer.model, weights)
+        model = trainer.ranks.saveable(trainer.model, source)
         return checkpoint.save_checkpoint(output_dir, version, {trainer.model_id: (model, tokenizer)},
                                           {trainer.model_id: trainer.state_dict()}, run_state)
 
-    def resume(self, trainer, ckpt: Path, version: int) -> list[tuple[str, torch.Tensor]]:
-        """Rank 0: load checkpoint `ckpt` (of `version`) with every rank, each into its shards; returns the
-        whole weights (gathered with the other ranks)."""
+    def resume(self, trainer, ckpt: Path, version: int) -> None:
+        """Rank 0: load checkpoint `ckpt` (of `version`) with every rank, each into its shards."""
         self._order(("resume", str(ckpt), version))
         checkpoint.load_trainer(ckpt, trainer.model_id, trainer)
-        return list(trainer.named_tensors())
 
     def finish(self) -> None:
         """Rank 0, at the end: tell the other ranks to stop; a rank that is gone already is only logged."""
@@ -112,24 +116,24 @@ class BatchFanout:
 
 
 def follow(trainer, fanout: BatchFanout, version: int = 0) -> int:
-    """A rank other than 0: carry out rank 0's orders (updates, checkpoint saves and loads) with it; a
-    failure is reported to rank 0 (`report_failure`) before it ends this rank."""
+    """A rank other than 0: carry out rank 0's orders (updates, gathers, checkpoint saves and loads) with
+    it; a failure is reported to rank 0 (`report_failure`) before it ends this rank."""
     rank = trainer.ranks.rank
+    source = trainer.weight_source()  # no before_pass: rank 0 orders each pass
     try:
-        _take_part_in_gather(trainer)  # rank 0's initial gather (what joining rollouts receive)
         while (order := fanout.receive()) is not None:
             kind, *args = order
             if kind == "update":
                 samples, advantages = args
                 trainer.update(samples, advantages, version=version)
                 version += 1
-                _take_part_in_gather(trainer)
+            elif kind == "gather":
+                source.follow_pass()
             elif kind == "save":
                 checkpoint.save_checkpoint(args[0], args[1], {}, {trainer.model_id: trainer.state_dict()}, {})
             elif kind == "resume":
                 checkpoint.load_trainer(Path(args[0]), trainer.model_id, trainer)
                 version = args[1]
-                _take_part_in_gather(trainer)
             else:
                 raise ValueError(f"unknown order {kind!r} from rank 0")
     except Exception as exc:
@@ -137,13 +141,6 @@ def follow(trainer, fanout: BatchFanout, version: int = 0) -> int:
         raise
     log.info("rank %d of the %r learner done at version %d", rank, trainer.model_id, version)
     return version
-
-
-def _take_part_in_gather(trainer) -> None:
-    """Join rank 0's gather of the whole weights (each parameter's all-gather is a collective) keeping none
-    of them: a follower needs only its shard, so it holds one whole parameter at a time, never the model."""
-    for _ in trainer.named_tensors():
-        pass
 
 
 _FAILED_KEY = "drmas/learner/failed/{rank}"

@@ -12,10 +12,12 @@ sibling, behind the same methods.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+
+from drmas.weights.source import LiveParameters, WeightSource
 
 
 class SingleRank:
@@ -66,6 +68,12 @@ class SingleRank:
         for name, param in model.named_parameters():
             yield name, param.detach()
 
-    def saveable(self, model: torch.nn.Module, weights: list[tuple[str, torch.Tensor]]) -> torch.nn.Module:
-        """A model `save_pretrained` writes as a plain HF directory holding `weights` (here: the model)."""
+    def weight_source(self, model: torch.nn.Module, before_pass: Callable[[], None] | None = None) -> WeightSource:
+        """The whole weights as pushes, join syncs and HF checkpoints read them (`drmas.weights.source`):
+        here the live parameters, no gather and no copy. ``before_pass`` (sharded backends: rank 0's order
+        to the other ranks to join a gather) is never needed here."""
+        return LiveParameters(model)
+
+    def saveable(self, model: torch.nn.Module, source: WeightSource):
+        """What `save_pretrained` writes as a plain HF directory holding `source`'s weights (here: the model)."""
         return model

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -39,7 +39,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from drmas.hf_streamed import StreamedPretrained
+from drmas.learner.gathered import GatheredWeights, whole
 from drmas.learner.ranks import SingleRank
+from drmas.weights.source import WeightSource
 
 COLLECTIVE_TIMEOUT_S = 600.0  # a peer rank that died surfaces as an error here instead of a hang
 
@@ -147,17 +150,14 @@ class ShardedRanks(SingleRank):
     def full_tensors(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """Whole parameters, one all-gather each (a collective: every rank must iterate to the end)."""
         for name, param in model.named_parameters():
-            data = param.detach()
-            yield name, data.full_tensor() if isinstance(data, DTensor) else data
+            yield name, whole(param)
 
-    def saveable(self, model: torch.nn.Module, weights: list[tuple[str, torch.Tensor]]) -> torch.nn.Module:
-        """An unsharded copy of `model` holding `weights`: saving the sharded model itself would write
-        DTensors and its wrapper class name (FSDP...) as the architecture, which vLLM cannot load."""
-        from transformers import AutoModelForCausalLM
+    def weight_source(self, model: torch.nn.Module, before_pass: Callable[[], None] | None = None) -> WeightSource:
+        """The whole weights gathered one parameter at a time as they are read (`drmas.learner.gathered`);
+        rank 0 passes ``before_pass`` to order the other ranks into each pass."""
+        return GatheredWeights(model, before_pass)
 
-        plain = AutoModelForCausalLM.from_config(model.config, dtype=weights[0][1].dtype)
-        missing, unexpected = plain.load_state_dict(dict(weights), strict=False)
-        params = {name for name, _ in plain.named_parameters()}  # a tied weight appears once, under one name
-        if unexpected or [k for k in missing if k in params]:
-            raise ValueError(f"weights do not fit {type(plain).__name__}: missing {missing}, unexpected {unexpected}")
-        return plain
+    def saveable(self, model: torch.nn.Module, source: WeightSource):
+        """The model's HF directory written streamed from `source` (`drmas.hf_streamed`): saving the sharded
+        model itself would gather the whole state dict on one rank."""
+        return StreamedPretrained(model, source)

@@ -96,7 +96,9 @@ class LearnerWorker:
         self.trainer, self.tokenizer = trained_policy(cfg, model_id, ranks, self.device)
         self.model = self.trainer.model
         self.fanout = BatchFanout(ranks)  # the other ranks' batches (none with one rank)
-        self.weights = list(self.trainer.named_tensors())  # whole, also when sharded: pushed, sent, saved
+        # what pushes, join syncs and HF checkpoints read: the live parameters, or (sharded) a gather streamed
+        # one parameter at a time, each pass ordered to the other ranks; never a whole copy of the model
+        self.source = self.trainer.weight_source(before_pass=self.fanout.gather)
         self.stats = AgentRewardStats(window=cfg.algorithm.running_stats_window)
         self.version = 0
         self.saved_version = 0
@@ -106,15 +108,23 @@ class LearnerWorker:
         self.sender = WeightSender.from_config(cfg.pipeline.weights, host, port, model=model_id,
                                                incarnation=self.lineage.incarnation,
                                                current_weights=self._current_weights,
-                                               curve=cfg.pipeline.buffer.server_curve(), device=self.device)
+                                               curve=cfg.pipeline.buffer.server_curve(), device=self.device,
+                                               joins_in_thread=self.source.concurrent)
         self.limits = SampleLimits.of_model(self.model, cfg.pipeline.buffer.max_sample_tokens)
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
-                                        cfg.pipeline.max_staleness, stop, limits=self.limits)
+                                        cfg.pipeline.max_staleness, stop, limits=self.limits,
+                                        idle=self._serve_joins)
         self.failed_updates = 0
 
     def _current_weights(self):
-        """What a rollout that just joined receives (runs on the sender's thread, under `exclusive()`)."""
-        return self.version, list(self.weights)
+        """What a rollout that just joined receives (under `exclusive()`; on the sender's join-sync thread, or
+        with a gathered source on this thread in `_serve_joins`)."""
+        return self.version, self.source
+
+    def _serve_joins(self) -> None:
+        """Join syncs the sender leaves to this thread (a sharded source's gather is a collective that must
+        not interleave with the update's); called between steps and while waiting for a batch."""
+        self._collective("join sync", self.sender.serve_joins)
 
     def run(self) -> int:
         """Train until `trainer.steps` versions (or a stop signal); returns the version reached."""
@@ -196,8 +206,7 @@ class LearnerWorker:
                 self.stats.load_state_dict(stats_before)
                 raise UpdateFailed(f"update: {exc!r}") from exc
             self.version += 1
-            self.weights = self._gather()
-            report = self.sender.push(self.weights, self.version)
+            report = self._collective("weight push", lambda: self.sender.push(self.source, self.version))
         self._report_version()
         scalars.update({
             f"version/{m}": float(self.version),
@@ -211,13 +220,13 @@ class LearnerWorker:
         })
         return scalars, hists
 
-    def _gather(self) -> list[tuple[str, torch.Tensor]]:
-        """The whole weights (with N ranks a collective)."""
+    def _collective(self, what: str, work):
+        """``work()``; with N ranks its gathers are collectives: a failure ends the learner naming the rank."""
         try:
-            return list(self.trainer.named_tensors())
+            return work()
         except Exception as exc:
             if self.trainer.ranks.size > 1:
-                raise self._ranks_failed("weight gather", exc) from exc
+                raise self._ranks_failed(what, exc) from exc
             raise
 
     def _ranks_failed(self, what: str, exc: Exception) -> LearnerRanksFailed:
@@ -266,7 +275,7 @@ class LearnerWorker:
     def _save(self) -> Path:
         """Weights (HF directory), weights and optimizer (DCP, every rank its shards), running statistics and
         version, under `checkpoints/step_<version>`."""
-        path = self.fanout.save(self.trainer, self.out, self.version, self.weights, self.tokenizer,
+        path = self.fanout.save(self.trainer, self.out, self.version, self.source, self.tokenizer,
                                 {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict(),
                                  "lineage": self.lineage.state_dict(), "ranks": self.trainer.ranks.size})
         self.saved_version = self.version
@@ -279,7 +288,7 @@ class LearnerWorker:
             log.info("no checkpoint in %s: starting at version 0", self.out)
             return False
         state = checkpoint.load_run_state(ckpt)
-        self.weights = self.fanout.resume(self.trainer, ckpt, int(state["version"]))  # resharded onto our ranks
+        self.fanout.resume(self.trainer, ckpt, int(state["version"]))  # resharded onto our ranks
         self.version = self.saved_version = int(state["version"])
         self.stats.load_state_dict(state["stats"])
         self.lineage = self.lineage.resumed(state.get("lineage"), self.version)

@@ -9,15 +9,20 @@ from drmas.weights.chunks import Layout, pack, plan_layout, unpack
 from drmas.weights.config import WeightSyncConfig
 from drmas.weights.receiver import ApplyFn, WeightReceiver
 from drmas.weights.sender import CurrentWeights, PushReport, WeightSender
+from drmas.weights.source import LiveParameters, NamedTensors, WeightSource, as_source
 
 __all__ = [
     "ApplyFn",
     "CurrentWeights",
     "Layout",
+    "LiveParameters",
+    "NamedTensors",
     "PushReport",
     "WeightReceiver",
     "WeightSender",
+    "WeightSource",
     "WeightSyncConfig",
+    "as_source",
     "pack",
     "plan_layout",
     "unpack",

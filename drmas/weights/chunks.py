@@ -106,19 +106,40 @@ def _storage_key(tensor: torch.Tensor) -> tuple | None:
     return (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
 
 
+def tensor_specs(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> list[TensorSpec]:
+    """Name, shape and dtype of every tensor, in order; a tensor viewing the same memory as an earlier one
+    (tied weights) becomes an alias of it (sent once)."""
+    specs: list[TensorSpec] = []
+    first_of: dict[tuple, int] = {}
+    for name, tensor in named_tensors:
+        key = _storage_key(tensor)
+        if key is not None and key in first_of:
+            specs.append(TensorSpec(name, list(tensor.shape), dtype_name(tensor.dtype), alias_of=first_of[key]))
+            continue
+        if key is not None:
+            first_of[key] = len(specs)
+        specs.append(TensorSpec(name, list(tensor.shape), dtype_name(tensor.dtype)))
+    return specs
+
+
 def plan_layout(
     named_tensors: Sequence[tuple[str, torch.Tensor]], chunk_bytes: int, direct_bytes: int | None = None
 ) -> Layout:
-    """Assign every tensor to units of at most ``chunk_bytes`` bytes, preserving the input order.
+    """`plan_units` of the tensors' `tensor_specs`."""
+    return plan_units(tensor_specs(named_tensors), chunk_bytes, direct_bytes)
 
-    Tensors of at least ``direct_bytes`` (default: a quarter of ``chunk_bytes``) get units of their own.
+
+def plan_units(specs: Sequence[TensorSpec], chunk_bytes: int, direct_bytes: int | None = None) -> Layout:
+    """Assign every tensor to units of at most ``chunk_bytes`` bytes, preserving the order of ``specs``.
+
+    Only names, shapes and dtypes are needed, not the data: a learner whose weights are sharded over ranks
+    announces the layout from its parameters' metadata (global shapes) before gathering anything. Tensors
+    of at least ``direct_bytes`` (default: a quarter of ``chunk_bytes``) get units of their own.
     """
     if chunk_bytes < ALIGN:
         raise ValueError(f"chunk size must be at least {ALIGN} bytes, got {chunk_bytes}")
     direct = chunk_bytes // 4 if direct_bytes is None else direct_bytes
-    specs: list[TensorSpec] = []
     units: list[Unit] = []
-    first_of: dict[tuple, int] = {}
     names: set[str] = set()
     pieces: list[Piece] = []
     fill = 0
@@ -129,20 +150,13 @@ def plan_layout(
             units.append(Unit(nbytes=fill, pieces=pieces))
         pieces, fill = [], 0
 
-    for name, tensor in named_tensors:
-        if name in names:
-            raise ValueError(f"weight name {name!r} appears twice in one update")
-        names.add(name)
-        key = _storage_key(tensor)
-        spec = TensorSpec(name, list(tensor.shape), dtype_name(tensor.dtype))
-        if key is not None and key in first_of:
-            specs.append(TensorSpec(spec.name, spec.shape, spec.dtype, alias_of=first_of[key]))
+    for index, spec in enumerate(specs):
+        if spec.name in names:
+            raise ValueError(f"weight name {spec.name!r} appears twice in one update")
+        names.add(spec.name)
+        if spec.alias_of >= 0:
             continue
-        index = len(specs)
-        specs.append(spec)
-        if key is not None:
-            first_of[key] = index
-        nbytes = tensor.numel() * tensor.element_size()
+        nbytes = spec.nbytes
         if nbytes > chunk_bytes:
             close_packed()
             for start in range(0, nbytes, chunk_bytes):
@@ -160,7 +174,7 @@ def plan_layout(
         pieces.append(Piece(index, offset, 0, nbytes))
         fill = offset + nbytes
     close_packed()
-    return Layout(tensors=specs, units=units, chunk_bytes=chunk_bytes)
+    return Layout(tensors=list(specs), units=units, chunk_bytes=chunk_bytes)
 
 
 def _byte_view(tensor: torch.Tensor) -> torch.Tensor:
@@ -227,7 +241,7 @@ class Packer:
         return out
 
 
-def _use_count(tensor: torch.Tensor) -> int | None:
+def use_count(tensor: torch.Tensor) -> int | None:
     """How many tensors share ``tensor``'s storage (views included); None where torch does not expose it."""
     counter = getattr(torch._C, "_storage_Use_Count", None)
     if counter is None:
@@ -240,12 +254,12 @@ class _Buffer:
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
-        self.baseline = _use_count(tensor)
+        self.baseline = use_count(tensor)
         self.lent = False
 
     def reusable(self) -> bool:
         """Not being filled, and no tensor handed out earlier still views it."""
-        return not self.lent and self.baseline is not None and _use_count(self.tensor) == self.baseline
+        return not self.lent and self.baseline is not None and use_count(self.tensor) == self.baseline
 
 
 class BufferPool:

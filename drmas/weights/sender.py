@@ -13,7 +13,11 @@ Threads and who owns what:
 - a short-lived **connect thread** per Join builds the learner's end of the pair group (this blocks until
   the rollout builds its end, so it must not block anything else);
 - the **join-sync thread** sends the current weights (from the ``current_weights`` provider) to rollouts
-  that just joined, so late joiners and restarted rollouts start on the current version;
+  that just joined, so late joiners and restarted rollouts start on the current version. A learner whose
+  weights are gathered from sharded ranks cannot read them from a second thread (the gather is a
+  collective and would interleave with its training collectives): it starts the sender with
+  ``joins_in_thread=False`` and calls `serve_joins` from its own thread between steps, and a push serves
+  every rollout still waiting for a join sync too;
 - the caller's thread runs `push`. Pushes and join syncs never overlap: they share one transfer lock, which
   `exclusive()` also exposes to the learner (see there).
 
@@ -45,7 +49,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -56,7 +60,8 @@ from drmas.weights import messages as msg
 from drmas.weights.config import WeightSyncConfig
 from drmas.weights.control import ControlLoop
 from drmas.weights.registry import Peer, Registry
-from drmas.weights.transfer import CurrentWeights, JoinSync, PushReport, Transfer
+from drmas.weights.source import Weights
+from drmas.weights.transfer import CurrentWeights, JoinSync, PushReport, Transfer, sync_newcomers
 from drmas.weights.transport import (
     WILDCARD_HOSTS,
     Outbox,
@@ -73,10 +78,11 @@ __all__ = ["CurrentWeights", "PushReport", "WeightSender"]
 class WeightSender:
     """Pushes versioned weights from a learner to the rollouts of one model (see the module docstring).
 
-    Rollouts connect to `endpoint`. ``current_weights`` (optional) returns ``(version, named_tensors)`` for a
-    rollout that just joined; without it a new rollout waits for the next `push`. The provider runs on the
-    join-sync thread while holding `exclusive()`, so it may return live parameters as long as the learner
-    changes them in place only inside `exclusive()` (or returns copies).
+    Rollouts connect to `endpoint`. ``current_weights`` (optional) returns ``(version, weights)`` (a
+    `WeightSource` or named tensors) for a rollout that just joined; without it a new rollout waits for the
+    next `push`. The provider runs while holding `exclusive()` (on the join-sync thread, or with
+    ``joins_in_thread=False`` on the thread that calls `serve_joins`), so it may return live parameters as
+    long as the learner changes them in place only inside `exclusive()` (or returns copies).
     """
 
     def __init__(
@@ -94,6 +100,7 @@ class WeightSender:
         config: WeightSyncConfig | None = None,
         curve: CurveKeys | None = None,
         device: torch.device | None = None,
+        joins_in_thread: bool = True,
     ) -> None:
         """``config`` (if given) supplies every setting; otherwise the keyword settings are used with the
         defaults of `WeightSyncConfig` for the rest. ``model`` '' accepts rollouts of any model. ``incarnation``
@@ -104,7 +111,10 @@ class WeightSender:
         travels encrypted; pair ids then carry 128 random bits, so nobody can guess their way into a pair's
         gloo/NCCL rendezvous on the (unauthenticated) TCPStore. Binding a non-loopback address needs it.
 
-        ``device``: where the tensors to send live; backend 'auto' takes NCCL only for CUDA tensors."""
+        ``device``: where the tensors to send live; backend 'auto' takes NCCL only for CUDA tensors.
+
+        ``joins_in_thread``: serve join syncs from a thread of the sender (default), or only when the owner
+        calls `serve_joins` (weights that must be read on the owner's thread, see ``source.py``)."""
         if curve is None and not is_loopback_host(bind_host):
             raise ValueError(
                 f"refusing to serve weights on {bind_host!r} without CURVE keys: anyone on the network could "
@@ -119,6 +129,7 @@ class WeightSender:
         self._control_port = control_port
         self._store_port = store_port
         self._provider = current_weights
+        self._joins_in_thread = joins_in_thread
         # stamped on every version sent; pair ids carry it too, so they never collide with a previous learner's
         self._incarnation = incarnation or uuid.uuid4().hex[:8]
         self._pair_counter = itertools.count()
@@ -166,7 +177,7 @@ class WeightSender:
         self._outbox = Outbox(self._context)
         self._control = ControlLoop(router, self._outbox, self._registry, self._handle, self.config)
         self._control.start()
-        if self._provider is not None:
+        if self._provider is not None and self._joins_in_thread:
             self._join_sync = JoinSync(self._registry, self._broadcaster, self._provider, self._transfer_lock)
             self._join_sync.start()
         log.info("weights: sender for model %r on %s (store port %d, %s)",
@@ -204,16 +215,18 @@ class WeightSender:
 
     # ------------------------------------------------------------------------------------------ public API
 
-    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushReport:
-        """Send ``named_tensors`` as ``version`` to every connected rollout and wait until each has it.
+    def push(self, weights: Weights, version: int) -> PushReport:
+        """Send ``weights`` (a `WeightSource` or named tensors) as ``version`` to every connected rollout and
+        wait until each has it.
 
         Blocks for the transfer (and for rollouts to reach a step boundary, at most ``ready_timeout_s``).
-        Never raises because of a rollout: failures are in the report. The tensors must not change until
-        push returns (large tensors are broadcast straight from their memory).
+        Never raises because of a rollout: failures are in the report (an error of the source itself, e.g.
+        a failed gather, does raise). The tensors must not change until push returns (large tensors are
+        broadcast straight from their memory).
         """
         with self._transfer_lock:
             peers = self._registry.connected()
-            report = self._broadcaster.run(peers, version, named_tensors)
+            report = self._broadcaster.run(peers, version, weights)
             with self._registry.cond:
                 for peer in peers:
                     if peer.receiver_id in report.receivers_ok:
@@ -224,6 +237,15 @@ class WeightSender:
             version, report.bytes / 1e6, report.seconds, report.receivers_ok, report.receivers_dropped,
         )
         return report
+
+    def serve_joins(self) -> PushReport | None:
+        """With ``joins_in_thread=False``: give the current weights to the rollouts that joined since the last
+        transfer, on the caller's thread; None when there were none (or the join-sync thread serves them).
+        Errors of the provider or its source raise here."""
+        if self._provider is None or self._joins_in_thread:
+            return None
+        with self._transfer_lock:
+            return sync_newcomers(self._registry, self._broadcaster, self._provider)
 
     def receivers(self) -> dict[str, int | None]:
         """Connected rollouts -> the last version each acknowledged (None before its first)."""

@@ -10,22 +10,23 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from drmas.weights import messages as msg
-from drmas.weights.chunks import Layout, Packer, plan_layout
+from drmas.weights.chunks import Layout, Packer, plan_units
 from drmas.weights.config import WeightSyncConfig
 from drmas.weights.registry import Peer, Registry
 from drmas.weights.relay import HopNames, plan_wave
+from drmas.weights.source import WeightSource, Weights, as_source
 from drmas.weights.transport import PairError
 
 log = logging.getLogger(__name__)
 
-CurrentWeights = Callable[[], tuple[int, Iterable[tuple[str, torch.Tensor]]]]
-"""Returns ``(version, named_tensors)`` of the weights a newly joined rollout must receive."""
+CurrentWeights = Callable[[], tuple[int, Weights]]
+"""Returns ``(version, weights)`` (a `WeightSource` or named tensors) a newly joined rollout must receive."""
 
 # Times one push serves a rollout whose predecessor in the relay chain keeps failing, before dropping it.
 _MAX_ATTEMPTS = 3
@@ -81,13 +82,12 @@ class Transfer:
         self._scratch: list[torch.Tensor] = []  # two unit buffers, kept across transfers
         self._hops = HopNames()
 
-    def run(
-        self, peers: Sequence[Peer], version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]
-    ) -> PushReport:
+    def run(self, peers: Sequence[Peer], version: int, weights: Weights) -> PushReport:
+        """Send ``weights`` as ``version`` to ``peers``. The layout comes from the source's metadata; every
+        wave served (and every resend to rollouts behind a broken relay) reads one pass of the source."""
         start = time.monotonic()
-        named = list(named_tensors)
-        layout = plan_layout(named, self._cfg.chunk_bytes)
-        packer = Packer(layout, [None if spec.alias_of >= 0 else t for spec, (_, t) in zip(layout.tensors, named)])
+        source = as_source(weights)
+        layout = plan_units(source.specs(), self._cfg.chunk_bytes)
         outcome = Outcome()
         with self._registry.cond:
             live = [p for p in peers if p.connected and not p.busy]
@@ -101,7 +101,7 @@ class Transfer:
                 wave, remaining = self._await_ready(remaining, version, deadline, outcome)
                 if not wave:
                     continue
-                again = self._serve(wave, version, layout, packer, outcome)
+                again = self._serve(wave, version, layout, source, outcome)
                 for peer in list(again):
                     attempts[peer.receiver_id] += 1
                     if attempts[peer.receiver_id] > _MAX_ATTEMPTS:
@@ -134,14 +134,16 @@ class Transfer:
         for peer in peers:
             self._send(peer, msg.Manifest(peer.pair_id, version, layout, self._incarnation))
 
-    def _serve(self, wave: list[Peer], version: int, layout: Layout, packer: Packer, outcome: Outcome) -> list[Peer]:
-        """Route ``wave`` (see ``relay.py``), stream to the chain's head and the pair-only peers, collect the
-        acks; returns the peers to serve again (their predecessor failed)."""
+    def _serve(self, wave: list[Peer], version: int, layout: Layout, source: WeightSource,
+               outcome: Outcome) -> list[Peer]:
+        """Route ``wave`` (see ``relay.py``), stream one pass of ``source`` to the chain's head and the
+        pair-only peers, collect the acks; returns the peers to serve again (their predecessor failed)."""
         plan = plan_wave(wave, version, self._cfg.fanout, self._hops)
         for peer, route in plan.routes:
             self._send(peer, route)
         outcome.sends += len(plan.targets)
-        self._stream(plan.targets, layout, packer, outcome)
+        with source.open() as tensors:
+            self._stream(plan.targets, layout, Packer(layout, tensors), outcome)
         again = self._await_acks([p for p in wave if p.drop_reason is None], version, outcome, plan.successor)
         if again or any(p.drop_reason is not None or p.ack is None or p.ack.forward_error for p in wave):
             self._hops.forget()  # some hops may have been closed: build the next chain's afresh
@@ -184,16 +186,18 @@ class Transfer:
 
         Two units are on the wire at a time: unit i is packed into the buffer of unit i-2 (which is waited
         for first) while unit i-1 is still travelling, so the wire never idles while either side copies.
+        Each unit's bytes are held until its broadcasts are done: a unit sent straight from a tensor's
+        memory keeps that tensor alive, while a streamed source may let go of it once a later tensor is read.
         """
         live = list(wave)
         scratch = self._scratch_buffers(layout.chunk_bytes, live[0].pair.device)
-        in_flight: list[list[tuple[Peer, dist.Work]]] = []
+        in_flight: list[tuple[list[tuple[Peer, dist.Work]], torch.Tensor]] = []
         sent = 0
         for index, unit in enumerate(layout.units):
             if unit.nbytes == 0:  # only empty tensors: the manifest says it all
                 continue
             if len(in_flight) == 2:
-                live = self._finish(in_flight.pop(0), outcome, live)
+                live = self._finish(in_flight.pop(0)[0], outcome, live)
             data = packer.unit_bytes(index, scratch[sent % 2])
             sent += 1
             works = []
@@ -203,10 +207,10 @@ class Transfer:
                 except PairError as error:
                     self._fail(peer, error, outcome)
             live = [peer for peer, _ in works]
-            in_flight.append(works)
+            in_flight.append((works, data))
             if not live:
                 break
-        for works in in_flight:
+        for works, _ in in_flight:
             live = self._finish(works, outcome, live)
         return live
 
@@ -266,8 +270,25 @@ class Transfer:
         return again
 
 
+def sync_newcomers(registry: Registry, broadcaster: Transfer, provider: CurrentWeights) -> PushReport | None:
+    """Give the current weights to the rollouts that connected and still need them; None when there are
+    none. The caller holds the transfer lock (a push may have served them while it waited for it)."""
+    peers = [p for p in registry.connected() if p.needs_sync]
+    if not peers:
+        return None
+    with registry.cond:
+        for peer in peers:
+            peer.needs_sync = False
+    version, weights = provider()
+    report = broadcaster.run(peers, version, weights)
+    log.info("weights: join sync of version %d to %s in %.2f s (dropped: %s)",
+             report.version, report.receivers_ok, report.seconds, report.receivers_dropped)
+    return report
+
+
 class JoinSync(threading.Thread):
-    """Gives the current weights to rollouts that just connected (late joiners and restarted rollouts)."""
+    """Gives the current weights to rollouts that just connected (late joiners and restarted rollouts), when
+    the provider's weights may be read from any thread (see `drmas.weights.source`)."""
 
     def __init__(
         self, registry: Registry, broadcaster: Transfer, provider: CurrentWeights, transfer_lock: threading.RLock
@@ -279,30 +300,18 @@ class JoinSync(threading.Thread):
         self._transfer_lock = transfer_lock
         self.stopping = threading.Event()
 
-    def _newcomers(self) -> list[Peer]:
-        return [p for p in self._registry.connected() if p.needs_sync]
-
     def run(self) -> None:
         cond = self._registry.cond
         while not self.stopping.is_set():
             with cond:
-                cond.wait_for(lambda: self.stopping.is_set() or bool(self._newcomers()), timeout=0.5)
+                cond.wait_for(lambda: self.stopping.is_set()
+                              or any(p.needs_sync for p in self._registry.connected()), timeout=0.5)
             if self.stopping.is_set():
                 return
             with self._transfer_lock:
-                peers = self._newcomers()  # a push may have served them while we waited for the lock
-                if not peers or self.stopping.is_set():
+                if self.stopping.is_set():
                     continue
-                with cond:
-                    for peer in peers:
-                        peer.needs_sync = False
                 try:
-                    version, named = self._provider()
-                    report = self._broadcaster.run(peers, version, named)
+                    sync_newcomers(self._registry, self._broadcaster, self._provider)
                 except Exception:  # a faulty provider must not kill the thread; the rollout gets the next push
                     log.exception("weights: join sync failed")
-                    continue
-            log.info(
-                "weights: join sync of version %d to %s in %.2f s (dropped: %s)",
-                report.version, report.receivers_ok, report.seconds, report.receivers_dropped,
-            )
