@@ -113,7 +113,8 @@ class StreamedPretrained:
     """Stands for a model in `drmas.models.save_checkpoint_model`: its `save_pretrained` writes the config, the
     generation config and the weights of ``source`` streamed (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, source: WeightSource, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+    def __init__(self, model: torch.nn.Module, source: WeightSource, max_shard_bytes: int | None = None) -> None:
+        """``max_shard_bytes``: where safetensors files are cut (None: `MAX_SHARD_BYTES` when saving)."""
         self.model = model
         self.source = source
         self.max_shard_bytes = max_shard_bytes
@@ -132,4 +133,4 @@ class StreamedPretrained:
         generation = getattr(self.model, "generation_config", None)
         if generation is not None and self.model.can_generate():
             generation.save_pretrained(out)
-        write_safetensors(self.source, out, self.max_shard_bytes)
+        write_safetensors(self.source, out, self.max_shard_bytes or MAX_SHARD_BYTES)

@@ -11,7 +11,7 @@ import pytest
 import zmq
 from weight_harness import CFG, cluster, digests, learner, make_weights
 
-from drmas.weights import WeightSender, WeightSyncConfig, messages
+from drmas.weights import NamedTensors, WeightSender, WeightSyncConfig, messages
 from drmas.weights.registry import Peer
 from drmas.weights.relay import HopNames, plan_wave
 
@@ -22,6 +22,18 @@ def _written_bytes() -> int:
     """Bytes this process has passed to write-family syscalls, sockets included (the learner's traffic)."""
     with open("/proc/self/io") as io:
         return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
+
+
+class CountedPasses(NamedTensors):
+    """Named tensors that count the passes read from them (a sharded learner gathers once per pass)."""
+
+    def __init__(self, named) -> None:
+        super().__init__(named)
+        self.passes = 0
+
+    def open(self):
+        self.passes += 1
+        return super().open()
 
 
 def test_push_to_three_rollouts_relays_identical_weights_and_survives_a_killed_one() -> None:
@@ -47,12 +59,16 @@ def test_push_to_three_rollouts_relays_identical_weights_and_survives_a_killed_o
         killer.start()
         try:
             start = time.monotonic()
-            report = s.push(w2, 2)
+            source = CountedPasses(list(w2.items()))
+            with s.sender.exclusive():
+                s.weights, s.version = w2, 2
+                report = s.sender.push(source, 2)
             elapsed = time.monotonic() - start
         finally:
             killer.join()
         assert report.receivers_ok == ["a", "c"] and report.receivers_dropped == ["b"], report
         assert report.resent == ["c"], report  # c lost its predecessor: served again within the same push
+        assert source.passes == report.learner_sends == 2  # the resend read the source again (a new gather)
         assert elapsed < CFG["timeout_s"] + 1, elapsed
         for seen in c.wait_for({"a": 2, "c": 2}).values():
             assert seen == digests(w2)
