@@ -214,6 +214,7 @@ class LearnerWorker:
             f"weight_sync/{m}/receivers": float(len(report.receivers_ok)),
             f"weight_sync/{m}/dropped": float(len(report.receivers_dropped)),
             f"weight_sync/{m}/learner_sends": float(report.learner_sends),  # passes over the model (1: flat)
+            f"weight_sync/{m}/gathered_mb": self.source.peak_bytes / 1e6,  # N ranks: rank 0's extra, bounded
             f"samples/{m}": float(len(samples)),
             **{f"dropped/{m}/{reason}": float(n) for reason, n in batch.dropped.items()},
             f"failed_updates/{m}": float(self.failed_updates),

@@ -34,6 +34,7 @@ class WeightSource(Protocol):
     """What a transfer reads (see the module docstring)."""
 
     concurrent: bool
+    peak_bytes: int  # the largest total of gathered bytes alive at once during the last pass (0: none gathered)
 
     def specs(self) -> list[TensorSpec]:
         """Name, shape, dtype (and alias) of every tensor, in the order a pass yields them."""
@@ -48,6 +49,7 @@ class NamedTensors:
     """Tensors in memory (a list of `(name, tensor)`): every pass yields the same tensors, no copy."""
 
     concurrent = True
+    peak_bytes = 0  # nothing is gathered: the tensors are there already
 
     def __init__(self, named: Sequence[tuple[str, torch.Tensor]]) -> None:
         self._named = list(named)
