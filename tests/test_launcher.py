@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -158,25 +159,11 @@ def test_launcher_refuses_a_missing_model_before_starting_anything(tmp_path):
 
 
 @pytest.mark.timeout(720)  # the module fixture may first build both smoke_async models
-def test_smoke_async_config_trains_two_models_with_two_rollouts(tmp_path, smoke_async_models):
-    """configs/smoke_async.yaml: solver and verifier on separate models, so one learner each."""
-    out = tmp_path / "run"
-    command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke_async.yaml"),
-               f"trainer.output_dir={out}", *ASYNC]
-    done = run_cli(command, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert set(_pids(done.stdout)) == {"buffer", "learner-solver_model", "learner-verifier_model",
-                                       "rollout-0", "rollout-1"}
-    for model, agent in (("solver_model", "solver"), ("verifier_model", "verifier")):
-        records = read_metrics(out / f"learner-{model}" / "metrics.jsonl")
-        assert [r["step"] for r in records] == [1, 2, 3]
-        assert all(r[f"staleness/{agent}/max"] <= 1 for r in records)  # pipeline.max_staleness=1
-
-
-@pytest.mark.timeout(720)  # the module fixture may first build both smoke_async models
-def test_smoke_async_with_two_learner_ranks_trains_and_writes_a_loadable_model(tmp_path, smoke_async_models):
-    """models.solver_model.ranks=2: drmas run starts that learner as 2 FSDP2 ranks under torchrun; rank 0
-    trains with the buffer and the rollouts, and its checkpoint is a plain HF directory."""
+def test_smoke_async_trains_two_models_one_of_them_on_two_learner_ranks(tmp_path, smoke_async_models):
+    """configs/smoke_async.yaml: solver and verifier on separate models, so one learner each, and two
+    rollouts; with models.solver_model.ranks=2 drmas run starts the solver's learner as 2 FSDP2 ranks under
+    torchrun: rank 0 trains with the buffer and the rollouts, and its checkpoint is a plain HF directory.
+    (One run for both: each `drmas run` of this config costs over a minute of the suite.)"""
     from drmas.checkpoint import latest_checkpoint
     from drmas.models import load_model
 
@@ -185,9 +172,15 @@ def test_smoke_async_with_two_learner_ranks_trains_and_writes_a_loadable_model(t
                f"trainer.output_dir={out}", "models.solver_model.ranks=2", *ASYNC]
     done = run_cli(command, timeout=400, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = read_metrics(out / "learner-solver_model" / "metrics.jsonl")
-    assert [r["step"] for r in records] == [1, 2, 3]
-    assert all(r["grad_norm/solver_model"] > 0 for r in records)
+    assert set(_pids(done.stdout)) == {"buffer", "learner-solver_model", "learner-verifier_model",
+                                       "rollout-0", "rollout-1"}
+    for model, agent in (("solver_model", "solver"), ("verifier_model", "verifier")):
+        records = read_metrics(out / f"learner-{model}" / "metrics.jsonl")
+        assert [r["step"] for r in records] == [1, 2, 3]
+        assert all(r[f"staleness/{agent}/max"] <= 1 for r in records)  # pipeline.max_staleness=1
+    norms = [r["grad_norm/solver_model"] for r in read_metrics(out / "learner-solver_model" / "metrics.jsonl")]
+    # a step may see only groups of equal rewards (zero advantages, zero gradient): not every step moves
+    assert all(math.isfinite(n) and n >= 0 for n in norms) and max(norms) > 0, norms
     ckpt = latest_checkpoint(out / "learner-solver_model")
     assert '"Qwen2ForCausalLM"' in (ckpt / "solver_model" / "config.json").read_text()
     model, _ = load_model(ckpt / "solver_model")

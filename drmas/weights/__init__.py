@@ -3,22 +3,35 @@
 `WeightSender` (learner) and `WeightReceiver` (rollout) talk over ZeroMQ for control and over one
 two-rank torch.distributed group per rollout (gloo on CPU, NCCL on GPU) for the tensor bytes, sent in
 chunks. Rollouts may join late, leave, die and restart at any time; see ``sender.py`` for the protocol.
+
+The names below are resolved on first use: the config schema imports `drmas.weights.config`, and a
+process that only needs the configuration (the buffer, `drmas config`) must not pay for torch's import.
 """
 
-from drmas.weights.chunks import Layout, pack, plan_layout, unpack
-from drmas.weights.config import WeightSyncConfig
-from drmas.weights.receiver import ApplyFn, WeightReceiver
-from drmas.weights.sender import CurrentWeights, PushReport, WeightSender
+from __future__ import annotations
 
-__all__ = [
-    "ApplyFn",
-    "CurrentWeights",
-    "Layout",
-    "PushReport",
-    "WeightReceiver",
-    "WeightSender",
-    "WeightSyncConfig",
-    "pack",
-    "plan_layout",
-    "unpack",
-]
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "Layout": "chunks", "pack": "chunks", "plan_layout": "chunks", "unpack": "chunks",
+    "WeightSyncConfig": "config",
+    "ApplyFn": "receiver", "WeightReceiver": "receiver",
+    "CurrentWeights": "sender", "PushReport": "sender", "WeightSender": "sender",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from drmas.weights.chunks import Layout, pack, plan_layout, unpack
+    from drmas.weights.config import WeightSyncConfig
+    from drmas.weights.receiver import ApplyFn, WeightReceiver
+    from drmas.weights.sender import CurrentWeights, PushReport, WeightSender
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"drmas.weights.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
