@@ -130,14 +130,18 @@ def bench_buffer(n_episodes: int, shape: tuple[int, int], window: int, capacity:
 
 def run_raw_producer(endpoint: str, n_episodes: int, shape: tuple[int, int], pre_encode: bool, ready: mp.Event,
                      go: mp.Event) -> None:
-    from drmas.buffer.messages import EpisodeMsg, encode_message
+    """Pre-encoded: each episode's frames joined into one message (the same bytes, the wire's ceiling);
+    otherwise each episode encoded into its frames in the timed part, as `BufferProducer` does."""
+    from drmas.buffer.framing import encode_frames
+    from drmas.buffer.messages import EpisodeMsg
 
     messages = [
         EpisodeMsg(producer="bench", seq=i, group_id=g, group_size=GROUP_SIZE, episode_id=e, samples=s)
         for i, (g, e, s) in enumerate(make_episodes(n_episodes, shape))
     ]
-    payloads = [encode_message(m) for m in messages] if pre_encode else None
-    sock = zmq.Context.instance().socket(zmq.PUSH)
+    payloads = [b"".join(encode_frames(m)) for m in messages] if pre_encode else None
+    context = zmq.Context()
+    sock = context.socket(zmq.PUSH)
     sock.connect(endpoint)
     ready.set()
     go.wait()
@@ -146,13 +150,14 @@ def run_raw_producer(endpoint: str, n_episodes: int, shape: tuple[int, int], pre
             sock.send(payload)
     else:
         for message in messages:
-            sock.send(encode_message(message))
+            sock.send_multipart(encode_frames(message))
     sock.close(linger=-1)
+    context.term()  # waits until every message is out: a multiprocessing child ends in os._exit, dropping the rest
 
 
 def bench_raw(n_episodes: int, shape: tuple[int, int], decode: bool, hold_samples: int) -> float:
     """PULL side; decoded episodes are held until `hold_samples` accumulate, as a buffer pull holds them."""
-    from drmas.buffer.messages import decode_message
+    from drmas.buffer.framing import decode_message
 
     sock = zmq.Context.instance().socket(zmq.PULL)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
@@ -165,10 +170,11 @@ def bench_raw(n_episodes: int, shape: tuple[int, int], decode: bool, hold_sample
     held: list = []
     while received < total:
         if not sock.poll(60_000):
-            raise TimeoutError("raw producer stalled")
-        data = sock.recv()
+            raise TimeoutError(f"raw producer stalled at {received} of {total}")
         if decode:
-            held.append(decode_message(data))
+            held.append(decode_message(sock.recv_multipart(copy=False)))
+        else:
+            sock.recv()
         received += len(AGENTS)
         if len(held) * len(AGENTS) >= hold_samples:
             held = []
