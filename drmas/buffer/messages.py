@@ -48,6 +48,8 @@ AgentName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 DropReason = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9_]{1,48}$")]
 WaitMs = Annotated[int, msgspec.Meta(ge=0, le=3_600_000)]
 FrozenRewards = Annotated[list[Finite], msgspec.Meta(max_length=_LIMIT)]
+# The byte size of every sample of a message, in order (see `drmas.buffer.framing` for how they are framed).
+SampleSizes = Annotated[list[Annotated[int, msgspec.Meta(ge=1, lt=2**31)]], msgspec.Meta(max_length=_LIMIT)]
 
 
 class MessageError(ValueError):
@@ -233,24 +235,24 @@ Message = Union[
 
 
 class EpisodeHead(_Message, tag="EpisodeMsg"):
-    """The first frame of an `EpisodeMsg`: everything but the samples, which follow one frame each."""
+    """The first frame of an `EpisodeMsg`: everything but the samples, which follow in frames of their own."""
 
     producer: Producer
     seq: Seq
     group_id: Name
     group_size: Count
     episode_id: Name
-    n_samples: Count  # sample frames that follow
+    sample_sizes: SampleSizes
     frozen_rewards: FrozenRewards = []
 
 
 class GroupHead(msgspec.Struct, kw_only=True):
-    """An `AgentGroup` in a batch's first frame; its `n_samples` sample frames follow in group order."""
+    """An `AgentGroup` in a batch's first frame; its samples follow in the batch's sample frames, in order."""
 
     group_id: str
     agent: str
     model: str
-    n_samples: Count
+    sample_sizes: SampleSizes
     episode_scores: dict[str, float]
     group_rewards: list[float] = []
 
@@ -405,7 +407,7 @@ def check_sample_ids(sample: Union[Sample, SampleHeader], group_id: str, episode
 def _check_episode_fields(message: Union[EpisodeMsg, EpisodeHead]) -> None:
     if message.group_size < 1:
         raise MessageError(REJECT_INVALID, f"group_size must be >= 1, got {message.group_size}")
-    n_samples = message.n_samples if isinstance(message, EpisodeHead) else len(message.samples)
+    n_samples = len(message.sample_sizes) if isinstance(message, EpisodeHead) else len(message.samples)
     if not n_samples:
         raise MessageError(REJECT_INVALID, f"episode {message.episode_id} has no samples")
 
