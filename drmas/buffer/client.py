@@ -20,8 +20,8 @@ from typing import Optional, Sequence
 import zmq
 
 from drmas.buffer.config import BufferConfig
-from drmas.netsec import CurveClientKeys
 from drmas.buffer.framing import ClientReply, GroupBatchView, decode_client_reply, encode_frames, open_group
+from drmas.netsec import CurveClientKeys
 from drmas.buffer.messages import (
     Ack,
     Acks,

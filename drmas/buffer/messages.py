@@ -148,7 +148,8 @@ class Heartbeat(_Message):
 
 
 class Ack(_Message):
-    """Answer to an `EpisodeMsg` (or any request without a richer reply); ``seq=-1`` if undecodable."""
+    """Answer to a request without a richer reply, and the refusal of any request (an `EpisodeMsg` refused
+    included; stored ones are acknowledged by `Acks`); ``seq=-1`` if undecodable."""
 
     seq: int
     accepted: bool

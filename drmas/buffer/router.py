@@ -208,8 +208,9 @@ class RouterServer:
     def _handle_frames(self, sock: zmq.Socket, frames: list[zmq.Frame], handler: Callable[[bytes, object], None]) -> None:
         """Decode one message and dispatch it; every failure is counted and answered, never raised.
 
-        Frames are received without a copy: an episode's samples stay the received frames until they are
-        forwarded (by reference, see `drmas.buffer.framing`), so the buffer never copies a sample's bytes."""
+        Frames are received without a copy: an episode's samples stay where they arrived (the received frames,
+        or views of them) until they are forwarded -- large ones as the very frames, by reference, small ones
+        joined into one frame (see `drmas.buffer.framing`)."""
         identity = frames[0].bytes
         seq = -1
         try:
@@ -248,8 +249,8 @@ class RouterServer:
         """Send without blocking; False when the peer is gone or not reading (the caller recovers)."""
         message.instance = self.instance  # type: ignore[attr-defined]
         try:
-            # copy=False: sample frames received from a producer are sent on by reference (libzmq counts the
-            # references of a received message); pyzmq still copies small byte strings, like the head
+            # copy=False: a received frame is sent on by reference (libzmq counts the references of a received
+            # message), joined small samples without another copy; pyzmq still copies short byte strings
             sock.send_multipart([identity, *encode_frames(message)], zmq.NOBLOCK, copy=False)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY) or EAGAIN

@@ -39,7 +39,8 @@ class EpisodeRefused(Exception):
 
 @dataclass(frozen=True)
 class StoredSample:
-    """A validated sample: its routing fields decoded, its bytes kept as they arrived (the received frame)."""
+    """A validated sample: its routing fields decoded, its bytes kept where they arrived (the received frame,
+    or a view of it: see `drmas.buffer.framing`)."""
 
     agent: str
     model: str
@@ -54,7 +55,7 @@ class QueuedGroup:
     group_id: str
     agent: str
     model: str
-    samples: list[Any]  # the samples' frames as received (see `drmas.buffer.framing`)
+    samples: list[Any]  # the samples' bytes as received (see `StoredSample`)
     episode_scores: dict[str, float]  # shared by all parts of the group
     group_rewards: list[float]  # every call's reward in the group, frozen agents' too; shared by all parts
     oldest_version: int  # policy version of the oldest sample: what staleness is judged on
