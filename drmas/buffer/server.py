@@ -107,6 +107,9 @@ class TrajectoryBuffer(RouterServer):
         self._producer_seen: dict[str, float] = {}  # producer id -> when it last sent anything
         self._parked_pulls: list[_ParkedPull] = []
         self._acks: dict[bytes, list[int]] = {}  # connection -> seqs of episodes stored this round, not yet acked
+        # acks go out at the end of each round, and after every quarter window within one: all at the round's
+        # end would hold a producer whose whole window arrived in one round until the round is done
+        self._ack_every = max(1, config.window // 4)
         self._new_groups = False
         super().__init__(config, curve, clock)  # binds: from here on messages may arrive
 
@@ -171,7 +174,11 @@ class TrajectoryBuffer(RouterServer):
                 self._discard_model(model)
             self._new_groups = True
         if ack_now:
-            self._acks.setdefault(identity, []).append(episode.seq)
+            pending = self._acks.setdefault(identity, [])
+            pending.append(episode.seq)
+            if len(pending) >= self._ack_every:
+                self._send(self._producers, identity, Acks(seqs=pending))
+                del self._acks[identity]
         else:
             self._credit.park(identity, episode.seq, len(samples))
 
@@ -292,9 +299,10 @@ class TrajectoryBuffer(RouterServer):
             self._acks.setdefault(identity, []).append(seq)
 
     def _end_round(self) -> None:
-        """Acknowledge every episode stored this round, one `Acks` per producer connection: an ack each cost
-        the buffer and the producer a message, an encode and a wake-up per episode. An ack is sent in the round
-        its episode was stored in (or its parked ack released), so no ack waits longer than it did before."""
+        """Acknowledge every episode stored this round not acknowledged yet, one `Acks` per producer connection:
+        an ack each cost the buffer and the producer a message, an encode and a wake-up per episode. An ack is
+        sent in the round its episode was stored in (or its parked ack released), so no ack waits longer than
+        one round of the loop."""
         for identity, seqs in self._acks.items():
             self._send(self._producers, identity, Acks(seqs=seqs))
         self._acks.clear()
