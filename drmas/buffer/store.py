@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 REFUSE_DUPLICATE = "duplicate_episode"
 REFUSE_SIZE_MISMATCH = "group_size_mismatch"
@@ -37,10 +37,9 @@ class EpisodeRefused(Exception):
         self.detail = detail
 
 
-@dataclass(frozen=True)
-class StoredSample:
+class StoredSample(NamedTuple):
     """A validated sample: its routing fields decoded, its bytes kept where they arrived (the received frame,
-    or a view of it: see `drmas.buffer.framing`)."""
+    or a view of it: see `drmas.buffer.framing`). A tuple: one is made per sample the buffer takes in."""
 
     agent: str
     model: str
