@@ -11,7 +11,10 @@ its own process, as in a real deployment. Three runs per size:
 * raw transport: PUSH of pre-encoded bytes -> PULL, no decoding (the wire's ceiling)
 
 The headline is one line per size, `buffer/raw_wire = X.XXx`: the buffer path (decoded arrays at the
-consumer) against the wire's ceiling.
+consumer) against the wire's ceiling. On a shared machine the rates swing with whatever else runs, so each
+size also prints the CPU time (all threads, ZeroMQ's I/O thread included) each process of the buffer path spent
+per sample, the least of the repeats: a cost figure that load elsewhere disturbs far less than a rate. The
+script runs on checkouts from before message schema 3 too, for before/after figures in the same conditions.
 
     python bench/buffer.py [--sizes 10KiB,32k] [--episodes 3000] [--window 32]
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import random
+import resource
 import time
 
 import zmq
@@ -59,6 +63,22 @@ def make_episodes(n_episodes: int, shape: tuple[int, int], seed: int = 0) -> lis
     return episodes
 
 
+def _cpu_s() -> float:
+    """CPU seconds this process spent so far, all threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _codec():
+    """(encode a message to its frames, decode received frames) of the checkout under test."""
+    try:
+        from drmas.buffer.framing import decode_message, encode_frames
+    except ImportError:  # before message schema 3: every message was one frame
+        from drmas.buffer.messages import decode_message, encode_message
+        return (lambda message: [encode_message(message)]), (lambda frames: decode_message(frames[0].buffer))
+    return encode_frames, decode_message
+
+
 def _start_when_ready(ready: mp.Event, go: mp.Event) -> None:
     """Start the clock only once the producer has built its episodes and connected."""
     if not ready.wait(300):
@@ -70,7 +90,8 @@ def _start_when_ready(ready: mp.Event, go: mp.Event) -> None:
 # ---- buffer path ----------------------------------------------------------------------------------
 
 
-def run_buffer_server(endpoints: mp.Queue, stop: mp.Event, capacity: int, validate: bool, window: int) -> None:
+def run_buffer_server(endpoints: mp.Queue, stop: mp.Event, capacity: int, validate: bool, window: int,
+                      cpu: mp.Queue) -> None:
     from drmas.buffer import BufferConfig, TrajectoryBuffer
 
     config = BufferConfig(producer_endpoint="tcp://127.0.0.1:0", consumer_endpoint="tcp://127.0.0.1:0",
@@ -78,51 +99,61 @@ def run_buffer_server(endpoints: mp.Queue, stop: mp.Event, capacity: int, valida
                           max_message_bytes=64 << 20)
     buffer = TrajectoryBuffer(config, agent_models=AGENTS).start()
     endpoints.put((buffer.producer_endpoint, buffer.consumer_endpoint))
+    start = _cpu_s()  # its idle ticks until the producer is ready cost next to nothing
     stop.wait()
+    cpu.put(("buffer", _cpu_s() - start))
     buffer.stop()
 
 
 def run_buffer_producer(endpoint: str, n_episodes: int, shape: tuple[int, int], window: int, ready: mp.Event,
-                        go: mp.Event) -> None:
+                        go: mp.Event, cpu: mp.Queue) -> None:
     from drmas.buffer import BufferProducer
 
     episodes = make_episodes(n_episodes, shape)
     with BufferProducer(endpoint, "bench", window=window, timeout_s=60) as producer:
         ready.set()
         go.wait()
+        start = _cpu_s()
         for group_id, episode_id, samples in episodes:
             producer.send_episode(group_id, GROUP_SIZE, episode_id, samples)
         producer.flush()
+        cpu.put(("producer", _cpu_s() - start))
 
 
 def bench_buffer(n_episodes: int, shape: tuple[int, int], window: int, capacity: int, validate: bool,
-                 pull_groups: int) -> float:
+                 pull_groups: int) -> tuple[float, dict[str, float]]:
+    """Samples/s through the buffer path, and each process's CPU microseconds per sample."""
     from drmas.buffer import BufferConsumer
 
-    endpoints, stop, ready, go = mp.Queue(), mp.Event(), mp.Event(), mp.Event()
-    server = mp.Process(target=run_buffer_server, args=(endpoints, stop, capacity, validate, window))
+    endpoints, stop, ready, go, cpu = mp.Queue(), mp.Event(), mp.Event(), mp.Event(), mp.Queue()
+    server = mp.Process(target=run_buffer_server, args=(endpoints, stop, capacity, validate, window, cpu))
     server.start()
     producer_endpoint, consumer_endpoint = endpoints.get(timeout=60)
     producer = mp.Process(target=run_buffer_producer,
-                          args=(producer_endpoint, n_episodes, shape, window, ready, go))
+                          args=(producer_endpoint, n_episodes, shape, window, ready, go, cpu))
     producer.start()
     total = n_episodes * len(AGENTS)
+    spent = {}
     try:
         with BufferConsumer(consumer_endpoint, timeout_s=60) as consumer:
             consumer.stats()  # connected before the clock starts
             _start_when_ready(ready, go)
-            start, received = time.perf_counter(), 0
+            start, received, cpu_start = time.perf_counter(), 0, _cpu_s()
             while received < total:
                 groups = consumer.pull(list(AGENTS), max_groups=pull_groups, wait_ms=1000)
                 received += sum(len(g.samples) for g in groups)
                 if not groups and time.perf_counter() - start > 600:
                     raise TimeoutError(f"buffer path stalled at {received} of {total} samples")
             elapsed = time.perf_counter() - start
+            spent["consumer"] = _cpu_s() - cpu_start
     finally:
         producer.join(60)
         stop.set()
         server.join(60)
-    return total / elapsed
+    for _ in range(2):
+        name, seconds = cpu.get(timeout=60)
+        spent[name] = seconds
+    return total / elapsed, {name: spent[name] / total * 1e6 for name in ("producer", "buffer", "consumer")}
 
 
 # ---- raw pyzmq path -------------------------------------------------------------------------------
@@ -130,14 +161,18 @@ def bench_buffer(n_episodes: int, shape: tuple[int, int], window: int, capacity:
 
 def run_raw_producer(endpoint: str, n_episodes: int, shape: tuple[int, int], pre_encode: bool, ready: mp.Event,
                      go: mp.Event) -> None:
-    from drmas.buffer.messages import EpisodeMsg, encode_message
+    """Pre-encoded: each episode's frames joined into one message (the same bytes, the wire's ceiling);
+    otherwise each episode encoded into its frames in the timed part, as `BufferProducer` does."""
+    from drmas.buffer.messages import EpisodeMsg
 
+    encode_frames, _ = _codec()
     messages = [
         EpisodeMsg(producer="bench", seq=i, group_id=g, group_size=GROUP_SIZE, episode_id=e, samples=s)
         for i, (g, e, s) in enumerate(make_episodes(n_episodes, shape))
     ]
-    payloads = [encode_message(m) for m in messages] if pre_encode else None
-    sock = zmq.Context.instance().socket(zmq.PUSH)
+    payloads = [b"".join(encode_frames(m)) for m in messages] if pre_encode else None
+    context = zmq.Context()
+    sock = context.socket(zmq.PUSH)
     sock.connect(endpoint)
     ready.set()
     go.wait()
@@ -146,14 +181,14 @@ def run_raw_producer(endpoint: str, n_episodes: int, shape: tuple[int, int], pre
             sock.send(payload)
     else:
         for message in messages:
-            sock.send(encode_message(message))
+            sock.send_multipart(encode_frames(message))
     sock.close(linger=-1)
+    context.term()  # waits until every message is out: a multiprocessing child ends in os._exit, dropping the rest
 
 
 def bench_raw(n_episodes: int, shape: tuple[int, int], decode: bool, hold_samples: int) -> float:
     """PULL side; decoded episodes are held until `hold_samples` accumulate, as a buffer pull holds them."""
-    from drmas.buffer.messages import decode_message
-
+    _, decode_frames = _codec()
     sock = zmq.Context.instance().socket(zmq.PULL)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     ready, go = mp.Event(), mp.Event()
@@ -165,10 +200,11 @@ def bench_raw(n_episodes: int, shape: tuple[int, int], decode: bool, hold_sample
     held: list = []
     while received < total:
         if not sock.poll(60_000):
-            raise TimeoutError("raw producer stalled")
-        data = sock.recv()
+            raise TimeoutError(f"raw producer stalled at {received} of {total}")
         if decode:
-            held.append(decode_message(data))
+            held.append(decode_frames(sock.recv_multipart(copy=False)))
+        else:
+            sock.recv()
         received += len(AGENTS)
         if len(held) * len(AGENTS) >= hold_samples:
             held = []
@@ -186,9 +222,12 @@ def bench_size(name: str, args: argparse.Namespace) -> None:
     capacity = args.capacity or max(1024, (4096 * 1024) // (n_prompt + n_response))
     hold = args.pull_groups * GROUP_SIZE
     runs: dict[str, list[float]] = {"buffer": [], "raw_work": [], "raw_wire": []}
+    cpu: dict[str, list[float]] = {"producer": [], "buffer": [], "consumer": []}
     for _ in range(args.repeats):  # interleaved, so a burst of load elsewhere hits every path alike
-        runs["buffer"].append(bench_buffer(episodes, shape, args.window, capacity, not args.no_validate,
-                                           args.pull_groups))
+        rate, spent = bench_buffer(episodes, shape, args.window, capacity, not args.no_validate, args.pull_groups)
+        runs["buffer"].append(rate)
+        for process, us in spent.items():
+            cpu[process].append(us)
         runs["raw_work"].append(bench_raw(episodes, shape, decode=True, hold_samples=hold))
         runs["raw_wire"].append(bench_raw(episodes, shape, decode=False, hold_samples=hold))
     best = {path: max(rates) for path, rates in runs.items()}
@@ -198,6 +237,9 @@ def bench_size(name: str, args: argparse.Namespace) -> None:
     print(f"raw PUSH/PULL, encode + decode:          {best['raw_work']:10.0f} samples/s   "
           f"ratio buffer/raw = {best['buffer'] / best['raw_work']:.2f}x")
     print(f"raw PUSH/PULL, pre-encoded, no decode:   {best['raw_wire']:10.0f} samples/s")
+    print("buffer path CPU per sample (least of the repeats): "
+          + ", ".join(f"{process} {min(us):.1f} us" for process, us in cpu.items())
+          + f", total {sum(min(us) for us in cpu.values()):.1f} us")
     print(f"buffer/raw_wire = {best['buffer'] / best['raw_wire']:.2f}x  ({DESCRIPTIONS[name]})", flush=True)
 
 

@@ -5,7 +5,7 @@ Run on demand (not part of the tests):
     .venv/bin/python bench/learner.py [--model tiny|smollm2|both] [--groups 4] [--group-size 4]
                                       [--prompt 192] [--response 64] [--reps 3]
 
-learner: the bytes of one `GroupBatch` as the buffer sends them -> `decode_client_reply` + `open_group` (packed
+learner: the frames of one `GroupBatch` as the buffer sends them -> `decode_client_reply` + `open_group` (packed
   arrays to numpy views) -> `group_advantages` -> `PolicyTrainer.update` (collation, log-prob recompute,
   decoupled-PPO loss, backward, grad clip, AdamW step, metrics).
 bare: the same micro-batches, pre-collated into tensors outside the timed part -> forward with the same
@@ -26,17 +26,16 @@ import sys
 import time
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from drmas.buffer.messages import (  # noqa: E402
+from drmas.buffer.framing import (  # noqa: E402
     AgentGroupView,
     GroupBatchView,
     decode_client_reply,
-    encode_message,
+    encode_frames,
     open_group,
 )
 from drmas.config.schema import AlgorithmConfig, OptimConfig, TinyModelConfig  # noqa: E402
@@ -48,8 +47,8 @@ from drmas.models import build_tiny_model, import_smollm2, load_model  # noqa: E
 from drmas.protocol import Sample, encode_sample  # noqa: E402
 
 
-def make_batch_bytes(model, args, seed: int = 0) -> bytes:
-    """One pull's reply: `groups` GRPO groups of one agent, behaviour log-probs from the model itself (so the
+def make_batch_frames(model, args, seed: int = 0) -> list[bytes]:
+    """One pull's reply (its frames): `groups` GRPO groups of one agent, behaviour log-probs from the model itself (so the
     importance ratios are near 1, as on-policy data would have them)."""
     rng = np.random.default_rng(seed)
     vocab = model.get_input_embeddings().num_embeddings
@@ -66,21 +65,21 @@ def make_batch_bytes(model, args, seed: int = 0) -> bytes:
             for sample, logp in zip(samples, response_logprobs(model, samples)):
                 sample.behaviour_logprobs = logp.numpy()
         groups.append(AgentGroupView(group_id=f"g{g}", agent="solver", model="m",
-                                     samples=[msgspec.Raw(encode_sample(s)) for s in samples],
+                                     samples=[encode_sample(s) for s in samples],
                                      episode_scores={s.episode_id: s.reward for s in samples},
                                      group_rewards=[s.reward for s in samples]))
-    return encode_message(GroupBatchView(seq=1, groups=groups))
+    return encode_frames(GroupBatchView(seq=1, groups=groups))
 
 
 class LearnerSide:
-    """The learner's path from the reply bytes to the optimizer step, timed by phase."""
+    """The learner's path from the reply frames to the optimizer step, timed by phase."""
 
     def __init__(self, model, alg: AlgorithmConfig) -> None:
         self.trainer = PolicyTrainer("m", model, OptimConfig(lr=1e-6), alg)
         self.alg = alg
         self.stats = AgentRewardStats()
 
-    def step(self, data: bytes) -> dict[str, float]:
+    def step(self, data: list[bytes]) -> dict[str, float]:
         t0 = time.perf_counter()
         groups = [open_group(view) for view in decode_client_reply(data).groups]
         t1 = time.perf_counter()
@@ -123,7 +122,7 @@ def bench_model(name: str, args) -> None:
     model_dir = import_smollm2() if name == "smollm2" else build_tiny_model(TinyModelConfig())
     model, _ = load_model(model_dir)
     torch.manual_seed(0)
-    data = make_batch_bytes(model, args)
+    data = make_batch_frames(model, args)
     samples = [s for view in decode_client_reply(data).groups for s in open_group(view).samples]
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     alg = AlgorithmConfig(micro_batch_size=args.micro_batch, optim_steps_per_update=1)

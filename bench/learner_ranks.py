@@ -29,16 +29,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from learner import make_batch_bytes  # noqa: E402  (bench/learner.py: the same batch)
+from learner import make_batch_frames  # noqa: E402  (bench/learner.py: the same batch)
 
-from drmas.buffer.messages import decode_client_reply, open_group  # noqa: E402
+from drmas.buffer.framing import decode_client_reply, open_group  # noqa: E402
 from drmas.config.schema import AlgorithmConfig, OptimConfig, TinyModelConfig  # noqa: E402
 from drmas.learner.batch import group_advantages  # noqa: E402
 from drmas.learner.running_stats import AgentRewardStats  # noqa: E402
 from drmas.models import build_tiny_model, import_smollm2, load_model  # noqa: E402
 
 
-def _rank_main(rank: int, size: int, port: int, model_dir: str, data: bytes, micro: int, threads: int, reps: int,
+def _rank_main(rank: int, size: int, port: int, model_dir: str, data: list[bytes], micro: int, threads: int, reps: int,
                out: str) -> None:
     from drmas.learner.policy import PolicyTrainer
     from drmas.learner.ranks import SingleRank
@@ -68,7 +68,7 @@ def _rank_main(rank: int, size: int, port: int, model_dir: str, data: bytes, mic
         torch.distributed.destroy_process_group()
 
 
-def run_ranks(size: int, model_dir: Path, data: bytes, args) -> float:
+def run_ranks(size: int, model_dir: Path, data: list[bytes], args) -> float:
     """Median seconds of one update with `size` ranks (spawned processes, killed if they outlive 30 min)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -107,7 +107,7 @@ def main() -> None:
     model_dir = import_smollm2() if args.model == "smollm2" else build_tiny_model(TinyModelConfig())
     model, _ = load_model(model_dir)
     torch.manual_seed(0)
-    data = make_batch_bytes(model, args)
+    data = make_batch_frames(model, args)
     samples = [s for view in decode_client_reply(data).groups for s in open_group(view).samples]
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     seconds = {size: run_ranks(size, model_dir, data, args) for size in (1, args.ranks)}

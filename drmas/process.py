@@ -9,7 +9,9 @@ a process stuck where no flag is read.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
+import os
 import signal
 import sys
 import threading
@@ -48,6 +50,33 @@ class StopFlag:
     @property
     def event(self) -> threading.Event:
         return self._event
+
+
+_PR_SET_PDEATHSIG = 1  # prctl option (Linux): a signal this process gets when its parent dies
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send this process `sig` when its parent dies; False where prctl is not available.
+
+    Used between fork and exec by the Ray host for the process it starts, and by a learner rank for its
+    torchrun: torchrun starts every rank in a session of its own, so a SIGKILL of torchrun (or of the
+    process group it leads) reaches none of them, and the ranks would live on holding their devices and
+    ports, blocked in collectives with no peer. Note the kernel ties this to the parent *thread*: the
+    parent must start the child from a thread that lives as long as it does."""
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig)) == 0
+    except (OSError, AttributeError):  # not Linux (no libc.so.6 or no prctl)
+        return False
+
+
+def die_with_torchrun() -> None:
+    """In a process started by torchrun (TORCHELASTIC_RUN_ID set): end when torchrun ends (see
+    `die_with_parent`), also when torchrun died before this call. Elsewhere: nothing."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    parent = os.getppid()
+    if die_with_parent() and parent == 1:  # re-parented already: torchrun is gone
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def config_parser(prog: str, description: str) -> argparse.ArgumentParser:

@@ -11,6 +11,8 @@ import pytest
 import zmq
 
 from drmas.buffer import BufferConfig, BufferConsumer, BufferProducer, TrajectoryBuffer
+from drmas.buffer.framing import decode_message
+from drmas.buffer.messages import Ack, Acks
 from drmas.protocol import Sample
 
 AGENTS = {"solver": "m1", "verifier": "m2"}
@@ -50,6 +52,16 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
 def conserved(stats) -> bool:
     """Every accepted sample is delivered, dropped with a reason, or still held."""
     return stats.received_samples == stats.delivered_samples + sum(stats.dropped.values()) + stats.samples_in_buffer
+
+
+def replies(sock: zmq.Socket, n: int, timeout_ms: int = 3000) -> list:
+    """Up to `n` answers on a raw socket, one per request: an `Acks` (every episode the buffer stored in one
+    round) counts as an accepting `Ack` for each of its seqs."""
+    out: list = []
+    while len(out) < n and sock.poll(timeout_ms):
+        reply = decode_message(sock.recv_multipart())
+        out += [Ack(seq=seq, accepted=True) for seq in reply.seqs] if isinstance(reply, Acks) else [reply]
+    return out
 
 
 class Clients:

@@ -27,13 +27,13 @@ from drmas.buffer import (
     InsecureEndpointError,
     TrajectoryBuffer,
 )
+from drmas.buffer.framing import decode_message, encode_frames
 from drmas.buffer.messages import (
     MESSAGE_SCHEMA_VERSION,
     Ack,
     EpisodeMsg,
     GroupBatch,
     Pull,
-    decode_message,
     encode_message,
 )
 from drmas.netsec import CurveClientKeys, CurveKeys, generate_keypair, is_local_endpoint
@@ -225,18 +225,22 @@ def test_bad_messages_are_refused_counted_and_the_buffer_keeps_serving(make_buff
         "schema_version": [msgspec.msgpack.encode({"type": "EpisodeMsg", "schema_version": 99, "future": 1})],
         "oversized": [b"\x00" * 5000],
         "unexpected_message": [encode_message(Pull(seq=7, agents=["solver"]))],
-        "unknown_agent": [encode_message(EpisodeMsg(producer="x", seq=8, group_id="g", group_size=1,
-                                                    episode_id="g/e0", samples=[make_sample("g", "g/e0", "critic")]))],
-        "invalid": [encode_message(EpisodeMsg(producer="x", seq=9, group_id="g", group_size=1, episode_id="g/e0",
-                                              samples=[bad_lengths]))],
+        "unknown_agent": [encode_frames(EpisodeMsg(producer="x", seq=8, group_id="g", group_size=1,
+                                                   episode_id="g/e0", samples=[make_sample("g", "g/e0", "critic")]))],
+        "invalid": [encode_frames(EpisodeMsg(producer="x", seq=9, group_id="g", group_size=1, episode_id="g/e0",
+                                             samples=[bad_lengths]))],
     }
     for reason, payloads in cases.items():
         for payload in payloads:
-            raw.send(payload)
+            raw.send_multipart(payload if isinstance(payload, list) else [payload])
             reply = _raw_reply(raw)
             assert (reply.accepted, reply.reason) == (False, reason), reply
-    raw.send_multipart([b"a", b"b"])
-    assert _raw_reply(raw).reason == "bad_framing"
+    one_sample = encode_frames(EpisodeMsg(producer="x", seq=10, group_id="f", group_size=1, episode_id="f/e0",
+                                          samples=[make_sample("f", "f/e0", "solver")]))
+    for frames in (one_sample[:1], one_sample + one_sample[1:], [encode_message(Pull(seq=10, agents=["solver"])), b"x"]):
+        raw.send_multipart(frames)  # a sample frame missing, one too many, a sample frame after a pull
+        reply = _raw_reply(raw)
+        assert (reply.seq, reply.reason) == (10, "bad_framing"), reply
     raw.send(encode_message(Pull(seq=11, agents=["solver"])))
     assert _raw_reply(raw).seq == 11
 
@@ -253,7 +257,7 @@ def test_bad_messages_are_refused_counted_and_the_buffer_keeps_serving(make_buff
     assert [g.group_id for g in consumer.pull(["solver"], wait_ms=1000)] == ["fine"]
     rejected = consumer.stats().rejected
     assert rejected == {"malformed": 2, "schema_version": 1, "oversized": 2, "unexpected_message": 2,
-                        "unknown_agent": 1, "invalid": 1, "bad_framing": 1}
+                        "unknown_agent": 1, "invalid": 1, "bad_framing": 3}
 
 
 def test_header_only_validation_isolates_a_bad_sample_at_the_learner(make_buffer, clients) -> None:
@@ -272,11 +276,11 @@ def test_header_only_validation_isolates_a_bad_sample_at_the_learner(make_buffer
 def test_messages_round_trip_and_carry_the_schema_version() -> None:
     samples = episode("g", 0)[1]
     message = EpisodeMsg(producer="p", seq=1, group_id="g", group_size=2, episode_id="g/e0", samples=samples)
-    data = encode_message(message)
-    assert msgspec.msgpack.decode(data)["schema_version"] == MESSAGE_SCHEMA_VERSION
-    assert decode_message(data) == message
+    frames = encode_frames(message)
+    assert msgspec.msgpack.decode(frames[0])["schema_version"] == MESSAGE_SCHEMA_VERSION
+    assert decode_message(frames) == message
     batch = GroupBatch(seq=2, groups=[])
-    assert decode_message(encode_message(batch)) == batch
+    assert decode_message(encode_frames(batch)) == batch
 
 
 # ---- admission and staleness -----------------------------------------------------------------------

@@ -13,18 +13,19 @@ from buffer_harness import (  # noqa: F401  (fixtures)
     episode,
     make_buffer,
     make_sample,
+    replies,
     send_group,
     wait_until,
 )
 
 from drmas.buffer.admission import AdmissionController
+from drmas.buffer.framing import encode_frames
 from drmas.buffer.messages import (
     MESSAGE_SCHEMA_VERSION,
     DropReport,
     EpisodeMsg,
     StatsRequest,
     VersionUpdate,
-    decode_message,
     encode_message,
 )
 
@@ -132,27 +133,20 @@ def test_header_only_validation_still_refuses_a_non_finite_reward(make_buffer, c
 # ---- capacity is enforced (defect 4) --------------------------------------------------------------
 
 
-def _episode_msg(seq: int, group: str, group_size: int, index: int) -> bytes:
+def _episode_msg(seq: int, group: str, group_size: int, index: int) -> list[bytes]:
     episode_id, samples = episode(group, index, agents=("solver",))
-    return encode_message(EpisodeMsg(producer="flood", seq=seq, group_id=group, group_size=group_size,
-                                     episode_id=episode_id, samples=samples))
-
-
-def _replies(sock: zmq.Socket, n: int) -> list:
-    out = []
-    while len(out) < n and sock.poll(3000):
-        out.append(decode_message(sock.recv()))
-    return out
+    return encode_frames(EpisodeMsg(producer="flood", seq=seq, group_id=group, group_size=group_size,
+                                    episode_id=episode_id, samples=samples))
 
 
 def test_a_producer_ignoring_acknowledgements_cannot_grow_the_buffer(make_buffer, clients) -> None:
     buf = make_buffer(capacity_samples=32, window=4, max_held_samples=64)
     flood = clients.raw(buf.producer_endpoint)
     for seq in range(2000):  # one new group per episode, never waiting for an ack
-        flood.send(_episode_msg(seq, f"g{seq}", 1, 0))
-    replies = _replies(flood, 2000 - 4)  # the last window's acks stay parked: nobody drains the buffer
-    refused = [r.reason for r in replies if not r.accepted]
-    assert len(replies) == 2000 - 4 and set(refused) == {"flow_control"}
+        flood.send_multipart(_episode_msg(seq, f"g{seq}", 1, 0))
+    answers = replies(flood, 2000 - 4)  # the last window's acks stay parked: nobody drains the buffer
+    refused = [r.reason for r in answers if not r.accepted]
+    assert len(answers) == 2000 - 4 and set(refused) == {"flow_control"}
     stats = buf.stats()
     assert stats.samples_in_buffer == 32 + 4 and stats.parked_acks == 4 and conserved(stats)
 
@@ -161,9 +155,9 @@ def test_a_producer_ignoring_acknowledgements_cannot_grow_the_buffer(make_buffer
     # which can no longer complete, dropped; the first episode's ack stays parked
     other = clients.raw(buf.producer_endpoint)
     for index in range(100):
-        other.send(_episode_msg(10_000 + index, "huge", 1000, index))
-    replies = _replies(other, 99)
-    assert [r.reason for r in replies if not r.accepted] == ["buffer_full"] + ["group_discarded"] * 71
+        other.send_multipart(_episode_msg(10_000 + index, "huge", 1000, index))
+    answers = replies(other, 99)
+    assert [r.reason for r in answers if not r.accepted] == ["buffer_full"] + ["group_discarded"] * 71
     stats = buf.stats()
     assert stats.samples_in_buffer == 36 and stats.dropped == {"refused_episode": 28} and conserved(stats)
 
@@ -177,7 +171,7 @@ def test_a_deeply_nested_message_is_malformed_not_an_internal_error(make_buffer,
     request = encode_message(StatsRequest(seq=5))
     assert request[0] == 0x83  # a msgpack map of 3 fields: add a 4th, nested deeper than any stack
     raw.send(bytes([0x84]) + request[1:] + b"\xa4junk" + b"\x91" * 200_000 + b"\x00")
-    reply = _replies(raw, 1)[0]
+    reply = replies(raw, 1)[0]
     assert (reply.accepted, reply.reason) == (False, "malformed")
     assert buf.stats().rejected == {"malformed": 1}
 
@@ -198,7 +192,7 @@ def test_learner_messages_cannot_blow_up_the_buffer_counters(make_buffer, client
     }
     for what, payload in payloads.items():
         raw.send(payload)
-        reply = _replies(raw, 1)[0]
+        reply = replies(raw, 1)[0]
         assert (reply.accepted, reply.reason) == (False, "invalid"), what
     stats = learner.stats()  # still answers: no counter became unencodable
     assert len(stats.reported_drops) == 33 and stats.reported_drops["other"] == 68

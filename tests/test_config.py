@@ -120,12 +120,32 @@ def test_pipeline_sections_take_nested_overrides():
         ("pipeline.ray.host=everywhere", "pipeline.ray.host"),
         ("pipeline.ray.rollout_gpus=-1", "pipeline.ray.rollout_gpus"),
         ("pipeline.ray.object_store_mb=10", "pipeline.ray.object_store_mb"),
+        ("pipeline.gpus.learners={policy: [0, 1]}", "pipeline.gpus.learners.policy: 2 GPU(s) for models.policy.ranks"),
+        ("pipeline.gpus.learners={nope: [0]}", "pipeline.gpus.learners.nope: 'nope' is not a trained model"),
+        ("pipeline.gpus.rollouts=[0, 0]", "pipeline.gpus.rollouts: [0, 0] repeats a GPU"),
+        ("pipeline.gpus.rollouts=[0, 1, 2]", "do not split into slices of pipeline.gpus.per_rollout=2"),
+        ("pipeline.gpus.per_rollout=0", "pipeline.gpus.per_rollout"),
     ],
 )
 def test_impossible_pipeline_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
-        load_config(SMOKE, [override])
+        load_config(SMOKE, [override, *(["pipeline.gpus.per_rollout=2"] if "per_rollout=2" in key else [])])
     assert key in str(err.value)
+
+
+def test_gpu_plan_gives_learners_a_gpu_per_rank_and_rollouts_slices_round_robin_of_the_launchers_gpus():
+    from drmas.launch.gpus import GpuAssignment
+
+    cfg = load_config(SMOKE, ["pipeline.mode=async", "models.policy.ranks=2", "pipeline.gpus.learners={policy: [3, 0]}",
+                              "pipeline.gpus.rollouts=[1, 2, 4, 5]", "pipeline.gpus.per_rollout=2"])
+    plan = GpuAssignment(cfg.pipeline.gpus, ["GPU-a", "GPU-b", "GPU-c", "GPU-d", "GPU-e", "GPU-f"])  # the launcher's
+    assert plan.for_learner("policy") == "GPU-d,GPU-a"  # rank 0 on the first listed
+    assert [plan.for_rollout(i) for i in range(3)] == ["GPU-b,GPU-c", "GPU-e,GPU-f", "GPU-b,GPU-c"]
+    assert GpuAssignment(load_config(SMOKE).pipeline.gpus, []).for_rollout(0) is None  # no plan: all GPUs
+    with pytest.raises(ValueError, match=r"pipeline.gpus.rollouts: GPU 4 is not there: the launcher sees 4 GPU"):
+        GpuAssignment(cfg.pipeline.gpus, ["0", "1", "2", "3"])
+    with pytest.raises(ConfigError, match="pipeline.ray.learner_gpus_per_rank"):
+        load_config(SMOKE, ["pipeline.mode=async", "pipeline.launcher=ray", "pipeline.gpus.rollouts=[0]"])
 
 
 def test_path_may_override_a_shipped_builtin_but_a_model_needs_one_of_them(tmp_path):

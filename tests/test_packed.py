@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from buffer_harness import clients, episode, make_buffer  # noqa: F401  (fixtures)
 
-from drmas.buffer.messages import MESSAGE_SCHEMA_VERSION, EpisodeMsg, decode_message, encode_message
+from drmas.buffer.framing import decode_message, encode_frames
+from drmas.buffer.messages import MESSAGE_SCHEMA_VERSION, EpisodeMsg
 from drmas.protocol import (
     REASON_BAD_TOKEN,
     REASON_INVALID,
@@ -54,7 +55,7 @@ def test_packed_samples_round_trip_as_int32_and_float32_views(n_prompt, n_respon
 def test_messages_carry_packed_samples_and_arrays_compare_by_value() -> None:
     samples = episode("g", 0)[1]
     message = EpisodeMsg(producer="p", seq=1, group_id="g", group_size=1, episode_id="g/e0", samples=samples)
-    decoded = decode_message(encode_message(message))
+    decoded = decode_message(encode_frames(message))
     assert decoded == message
     decoded.samples[0].response_ids = [4, 6]  # assignment converts, as construction does
     assert decoded.samples[0].response_ids.dtype == np.int32 and decoded != message
@@ -90,15 +91,22 @@ def test_a_sample_of_the_previous_schema_is_refused_naming_both_versions() -> No
         decode_sample(msgspec.msgpack.encode(_schema_1_sample()))
 
 
-def test_a_producer_of_the_previous_protocol_is_refused_with_a_message(make_buffer, clients) -> None:
+def test_peers_of_the_previous_protocol_are_refused_with_a_message(make_buffer, clients) -> None:
+    """Schema 2 sent samples inside the episode's one frame (and pulls got one frame back): such a producer and
+    such a learner are both told to upgrade, not left guessing at garbage."""
     buf = make_buffer()
-    raw = clients.raw(buf.producer_endpoint)
-    raw.send(msgspec.msgpack.encode({"type": "EpisodeMsg", "schema_version": MESSAGE_SCHEMA_VERSION - 1,
-                                     "producer": "old", "seq": 5, "group_id": "g", "group_size": 1,
-                                     "episode_id": "g/e0", "samples": [_schema_1_sample()]}))
-    assert raw.poll(5000)
-    reply = decode_message(raw.recv())
-    assert (reply.seq, reply.accepted, reply.reason) == (5, False, "schema_version")
-    assert f"message schema {MESSAGE_SCHEMA_VERSION - 1}, expected {MESSAGE_SCHEMA_VERSION}" in reply.detail
-    assert "older drmas" in reply.detail
-    assert buf.stats().rejected == {"schema_version": 1}
+    producer = clients.raw(buf.producer_endpoint)
+    sample = msgspec.Raw(encode_sample(episode("g", 0, agents=("solver",))[1][0]))  # sample schema 2, packed
+    producer.send(msgspec.msgpack.encode({"type": "EpisodeMsg", "schema_version": MESSAGE_SCHEMA_VERSION - 1,
+                                          "producer": "old", "seq": 5, "group_id": "g", "group_size": 1,
+                                          "episode_id": "g/e0", "samples": [sample]}))
+    learner = clients.raw(buf.consumer_endpoint)
+    learner.send(msgspec.msgpack.encode({"type": "Pull", "schema_version": MESSAGE_SCHEMA_VERSION - 1, "seq": 6,
+                                         "agents": ["solver"]}))
+    for sock, seq in ((producer, 5), (learner, 6)):
+        assert sock.poll(5000)
+        reply = decode_message(sock.recv_multipart())
+        assert (reply.seq, reply.accepted, reply.reason) == (seq, False, "schema_version")
+        assert f"message schema {MESSAGE_SCHEMA_VERSION - 1}, expected {MESSAGE_SCHEMA_VERSION}" in reply.detail
+        assert "older drmas" in reply.detail and "frame of its own" in reply.detail
+    assert buf.stats().rejected == {"schema_version": 2}

@@ -25,7 +25,7 @@ from test_launcher import ASYNC, _Background, _gone  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTED = re.compile(r"\[launcher\] started (\S+) \(pid (\d+) on \S+, actor pid (\d+)\)")
-STEPS = 10
+STEPS = 6  # enough steps after the learner kill (at step 2) for the restarted learner and the added rollout
 
 
 def _steps(path: Path) -> list[int]:

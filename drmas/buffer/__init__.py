@@ -1,7 +1,8 @@
 """The trajectory buffer: per-agent queues of complete GRPO groups between rollouts and learners.
 
 `TrajectoryBuffer` is the server; `BufferProducer` and `BufferConsumer` are its clients; the wire format
-is in `drmas.buffer.messages`. Nothing here imports torch or knows about models: samples stay msgpack.
+is in `drmas.buffer.messages` (its framing on ZeroMQ in `drmas.buffer.framing`). Nothing here imports torch or
+knows about models: samples stay msgpack.
 """
 
 from drmas.buffer.client import BufferConsumer, BufferProducer, BufferRejected, Rejection

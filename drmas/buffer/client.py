@@ -20,25 +20,23 @@ from typing import Optional, Sequence
 import zmq
 
 from drmas.buffer.config import BufferConfig
+from drmas.buffer.framing import ClientReply, GroupBatchView, decode_client_reply, encode_frames, open_group
 from drmas.netsec import CurveClientKeys
 from drmas.buffer.messages import (
     Ack,
+    Acks,
     AdmitReply,
     AdmitRequest,
     AgentGroup,
-    ClientReply,
     DropReport,
     EpisodeMsg,
-    GroupBatchView,
     Heartbeat,
     MessageError,
     Pull,
     Stats,
     StatsRequest,
     VersionUpdate,
-    decode_client_reply,
     encode_message,
-    open_group,
 )
 from drmas.protocol import Sample
 
@@ -93,7 +91,8 @@ class _Client:
 
     def _send(self, message: object) -> None:
         try:
-            self._socket.send(encode_message(message), copy=False)  # large episodes: no second copy
+            # copy=False: pyzmq copies small frames and hands large samples to libzmq without a copy
+            self._socket.send_multipart(encode_frames(message), copy=False)
         except zmq.Again:
             raise TimeoutError(
                 f"could not send to trajectory buffer at {self.endpoint} within {self.timeout_s}s (send queue full)"
@@ -105,9 +104,9 @@ class _Client:
             remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
             if not self._socket.poll(remaining_ms, zmq.POLLIN):
                 return None
-            frame = self._socket.recv(copy=False)  # a batch's samples stay views into the received message
+            frames = self._socket.recv_multipart(copy=False)  # a batch's samples stay views into its frames
             try:
-                reply = decode_client_reply(frame.buffer)
+                reply = decode_client_reply(frames)
             except MessageError as exc:  # a newer buffer, or corruption: skip, but say so
                 log.warning("ignoring an undecodable reply from %s: %s", self.endpoint, exc)
                 continue
@@ -277,6 +276,10 @@ class BufferProducer(_Client):
         self._unacked.clear()
 
     def _on_unmatched(self, reply: ClientReply) -> None:
+        if isinstance(reply, Acks):  # every episode the buffer stored in one round of its loop
+            for seq in reply.seqs:
+                self._unacked.pop(seq, None)
+            return
         if not isinstance(reply, Ack):
             return super()._on_unmatched(reply)
         episode_id = self._unacked.pop(reply.seq, "?")

@@ -5,16 +5,13 @@ Every message is a msgpack map whose ``type`` field names its class (msgspec ``t
 guessing. Samples inside keep their own `drmas.protocol.SCHEMA_VERSION`.
 
 Requests carry a ``seq`` chosen by the sender and every reply echoes it, so a client can match a late
-reply to the request it answers (a pull that timed out on the client side is not silently lost).
+reply to the request it answers (a pull that timed out on the client side is not silently lost). The
+one exception is `Acks`, the buffer's acknowledgement of every episode it stored in one round of its loop.
 
-Samples are the bulk of every byte. Their arrays travel packed (`drmas.packed`: zero-copy numpy views on
-decoding), and each side still decodes a sample at most once:
-
-* `decode_buffer_request` (the buffer): samples stay msgpack (`msgspec.Raw`) after validation, and
-  the buffer forwards the producer's bytes to learners without re-encoding them (`GroupBatchView`).
-* `decode_client_reply` + `open_group` (the clients): a batch is opened group by group, so one bad
-  sample costs its own group rather than the whole batch.
-* `decode_message` decodes any message fully in one go (tools and tests).
+The two messages that carry samples (`EpisodeMsg`, `GroupBatch`) travel as several ZeroMQ frames: a
+head (`EpisodeHead`, `GroupBatchHead`) and then each sample in a frame of its own, so the buffer forwards
+the frames it received without re-encoding or copying them (`drmas.buffer.framing`). Every other message
+is one frame (`encode_message`).
 """
 
 from __future__ import annotations
@@ -25,9 +22,11 @@ import msgspec
 
 from drmas.packed import decoder, encoder
 from drmas.protocol import SCHEMA_VERSION as SAMPLE_SCHEMA_VERSION
-from drmas.protocol import Finite, Name, Sample, Version, check_sample, decode_sample, reason_of
+from drmas.protocol import Finite, Name, Sample, Version, check_sample, reason_of
 
-MESSAGE_SCHEMA_VERSION = 2  # 2: samples carry packed arrays (sample schema 2)
+# 2: samples carry packed arrays (sample schema 2); 3: samples travel in frames of their own, and the
+# buffer acknowledges episodes in batches (`Acks`)
+MESSAGE_SCHEMA_VERSION = 3
 
 # Reasons a message is refused (keys of `Stats.rejected`, `Ack.reason`).
 REJECT_OVERSIZED = "oversized"
@@ -35,6 +34,7 @@ REJECT_MALFORMED = "malformed"
 REJECT_SCHEMA_VERSION = "schema_version"
 REJECT_UNEXPECTED = "unexpected_message"
 REJECT_INVALID = "invalid"
+REJECT_FRAMING = "bad_framing"
 
 
 # Bounds on what a client may claim. Every counter the buffer keeps is derived from these fields, so they
@@ -48,6 +48,8 @@ AgentName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 DropReason = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9_]{1,48}$")]
 WaitMs = Annotated[int, msgspec.Meta(ge=0, le=3_600_000)]
 FrozenRewards = Annotated[list[Finite], msgspec.Meta(max_length=_LIMIT)]
+# The byte size of every sample of a message, in order (see `drmas.buffer.framing` for how they are framed).
+SampleSizes = Annotated[list[Annotated[int, msgspec.Meta(ge=1, lt=2**31)]], msgspec.Meta(max_length=_LIMIT)]
 
 
 class MessageError(ValueError):
@@ -146,12 +148,21 @@ class Heartbeat(_Message):
 
 
 class Ack(_Message):
-    """Answer to an `EpisodeMsg` (or any request without a richer reply); ``seq=-1`` if undecodable."""
+    """Answer to a request without a richer reply, and the refusal of any request (an `EpisodeMsg` refused
+    included; stored ones are acknowledged by `Acks`); ``seq=-1`` if undecodable."""
 
     seq: int
     accepted: bool
     reason: str = ""
     detail: str = ""
+    instance: str = ""  # the answering buffer process (a new value means it restarted and lost state)
+
+
+class Acks(_Message):
+    """The episodes (by ``seq``) the buffer stored from one producer in one round of its loop: one message for
+    many episodes instead of one each. Refusals still come one by one, as `Ack` with ``accepted=False``."""
+
+    seqs: list[int]
     instance: str = ""  # the answering buffer process (a new value means it restarted and lost state)
 
 
@@ -217,41 +228,45 @@ class Stats(_Message):
 
 
 Message = Union[
-    EpisodeMsg, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat, Ack, AdmitReply, GroupBatch, Stats
+    EpisodeMsg, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat, Ack, Acks, AdmitReply,
+    GroupBatch, Stats,
 ]
 
-# ---- buffer-side zero-copy views (same tags, samples left as validated raw msgpack) ----------------
+# ---- heads: what the first frame of a message carries ----------------------------------------------
 
 
-class EpisodeView(_Message, tag="EpisodeMsg"):
-    """`EpisodeMsg` as the buffer reads it: samples stay raw until validated one by one."""
+class EpisodeHead(_Message, tag="EpisodeMsg"):
+    """The first frame of an `EpisodeMsg`: everything but the samples, which follow in frames of their own."""
 
     producer: Producer
     seq: Seq
     group_id: Name
     group_size: Count
     episode_id: Name
-    samples: list[msgspec.Raw]
+    sample_sizes: SampleSizes
     frozen_rewards: FrozenRewards = []
 
 
-class AgentGroupView(msgspec.Struct, kw_only=True):
-    """`AgentGroup` as the buffer writes it: the producer's sample bytes, forwarded unchanged."""
+class GroupHead(msgspec.Struct, kw_only=True):
+    """An `AgentGroup` in a batch's first frame; its samples follow in the batch's sample frames, in order."""
 
     group_id: str
     agent: str
     model: str
-    samples: list[msgspec.Raw]
+    sample_sizes: SampleSizes
     episode_scores: dict[str, float]
     group_rewards: list[float] = []
 
 
-class GroupBatchView(_Message, tag="GroupBatch"):
-    """`GroupBatch` as the buffer writes it (decodes as a normal `GroupBatch` on the learner)."""
+class GroupBatchHead(_Message, tag="GroupBatch"):
+    """The first frame of a `GroupBatch`. `checked`: the buffer decoded and checked every sample in full
+    (`validate_samples`), so the learner may skip the value checks of `drmas.protocol.check_sample` (it
+    still decodes every sample: bytes that do not decode cost their group)."""
 
     seq: int
-    groups: list[AgentGroupView]
-    instance: str = ""  # the answering buffer process (a new value means it restarted and lost state)
+    groups: list[GroupHead]
+    instance: str = ""
+    checked: bool = False
 
 
 class SampleHeader(msgspec.Struct, kw_only=True):
@@ -267,8 +282,13 @@ class SampleHeader(msgspec.Struct, kw_only=True):
     episode_reward: Finite = 0.0
 
 
-BufferRequest = Union[EpisodeView, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat]
-ClientReply = Union[Ack, AdmitReply, GroupBatchView, Stats]
+# What a first frame may be, per receiver.
+Head = Union[
+    EpisodeHead, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat, Ack, Acks, AdmitReply,
+    GroupBatchHead, Stats,
+]
+RequestHead = Union[EpisodeHead, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat]
+ReplyHead = Union[Ack, Acks, AdmitReply, GroupBatchHead, Stats]
 
 
 class _Envelope(msgspec.Struct):
@@ -281,26 +301,23 @@ class _Envelope(msgspec.Struct):
 
 _ENCODER = encoder()
 _ENVELOPE_DECODER = msgspec.msgpack.Decoder(_Envelope)
-_HEADER_DECODER = msgspec.msgpack.Decoder(SampleHeader)
 
 
 def _tags(union: object) -> frozenset[str]:
     return frozenset(cls.__struct_config__.tag for cls in union.__args__)
 
 
-_KNOWN_TAGS = _tags(Message)
+_KNOWN_TAGS = _tags(Head)
 
 
-class _UnionDecoder:
-    """Decodes one union of messages: size check first (cheap), then structure, version, semantics."""
+class HeadDecoder:
+    """Decodes the first frame of a message, out of one union: structure, version, then semantics."""
 
     def __init__(self, union: object) -> None:
         self._decoder = decoder(union)
         self._accepted = _tags(union)
 
-    def decode(self, data: bytes, max_bytes: Optional[int]):
-        if max_bytes is not None and len(data) > max_bytes:
-            raise MessageError(REJECT_OVERSIZED, f"{len(data)} bytes > limit {max_bytes}")
+    def decode(self, data: bytes):
         try:
             message = self._decoder.decode(data)
         except RecursionError:  # msgpack nested deeper than the interpreter's stack: garbage, not a bug
@@ -333,28 +350,28 @@ def _version_error(version: int) -> MessageError:
     """Name both versions, and what changed, so whoever runs the older peer knows to upgrade it."""
     detail = f"message schema {version}, expected {MESSAGE_SCHEMA_VERSION}"
     if version < MESSAGE_SCHEMA_VERSION:
-        detail += " (the peer runs an older drmas: schema 2 carries samples' token ids and log-probs packed)"
+        detail += (" (the peer runs an older drmas: schema 3 sends each sample in a ZeroMQ frame of its own and "
+                   "acknowledges episodes in batches)")
     return MessageError(REJECT_SCHEMA_VERSION, detail)
 
 
-_MESSAGE_DECODER = _UnionDecoder(Message)
-_REQUEST_DECODER = _UnionDecoder(BufferRequest)
-_REPLY_DECODER = _UnionDecoder(ClientReply)
+HEADS = HeadDecoder(Head)
+REQUEST_HEADS = HeadDecoder(RequestHead)
+REPLY_HEADS = HeadDecoder(ReplyHead)
+_MULTI_FRAME = (EpisodeMsg, GroupBatch, EpisodeHead, GroupBatchHead)
 
 
 def encode_message(message: _Message) -> bytes:
-    """Encode any message (including the buffer's `GroupBatchView`) to msgpack bytes."""
+    """Encode a message that travels as one frame (all but `EpisodeMsg` and `GroupBatch`, see
+    `drmas.buffer.framing.encode_frames`) to msgpack bytes."""
+    if isinstance(message, _MULTI_FRAME):
+        raise TypeError(f"{type(message).__name__} travels as several frames: use drmas.buffer.framing.encode_frames")
     return _ENCODER.encode(message)
 
 
-def decode_message(data: bytes, max_bytes: Optional[int] = None) -> Message:
-    """Decode and validate one message; raises `MessageError` with a reason code on any defect."""
-    return _MESSAGE_DECODER.decode(data, max_bytes)
-
-
-def decode_buffer_request(data: bytes, max_bytes: Optional[int] = None) -> BufferRequest:
-    """Decode a request arriving at the buffer; episode samples stay raw (see `validated_samples`)."""
-    return _REQUEST_DECODER.decode(data, max_bytes)
+def encode_head(message: _Message) -> bytes:
+    """The msgpack bytes of a head (or any one-frame message)."""
+    return _ENCODER.encode(message)
 
 
 def recover_seq(data: bytes) -> int:
@@ -366,63 +383,12 @@ def recover_seq(data: bytes) -> int:
         return -1
 
 
-def decode_client_reply(data: bytes) -> ClientReply:
-    """Decode a reply from the buffer; a group batch stays a `GroupBatchView` for `open_group`.
-
-    Opening groups one by one means a single undecodable sample costs its own group (which the
-    learner reports as dropped), not every group of the batch.
-    """
-    return _REPLY_DECODER.decode(data, None)
-
-
-def open_group(view: AgentGroupView) -> AgentGroup:
-    """Decode and validate every sample of one delivered group; `MessageError` (reason: why the sample is
-    refused, see `drmas.protocol.reason_of`) if any is bad."""
-    samples = []
-    for index, raw in enumerate(view.samples):
-        try:
-            samples.append(decode_sample(raw))
-        except (msgspec.DecodeError, ValueError) as exc:
-            raise MessageError(reason_of(exc), f"group {view.group_id} sample {index}: {exc}") from None
-    return AgentGroup(
-        group_id=view.group_id, agent=view.agent, model=view.model, samples=samples,
-        episode_scores=view.episode_scores, group_rewards=view.group_rewards,
-    )
-
-
-def validated_samples(
-    episode: EpisodeView, full: bool = True, max_tokens: Optional[int] = None
-) -> list[tuple[Union[Sample, SampleHeader], msgspec.Raw]]:
-    """Check an episode's raw samples and pair each with its decoded fields.
-
-    `full` decodes every sample completely (types, finite values, token/log-prob lengths, at most
-    `max_tokens` tokens), so a bad sample is refused at its producer instead of breaking a learner's whole
-    batch later; without it only the routing header (names, version, finite rewards) is checked, which is
-    several times cheaper for trusted producers. The `MessageError` reason says which rule failed.
-    """
-    pairs = []
-    for index, raw in enumerate(episode.samples):
-        try:
-            sample = decode_sample(raw, max_tokens) if full else _decode_header(raw)
-        except (msgspec.DecodeError, ValueError) as exc:
-            raise MessageError(reason_of(exc), f"sample {index}: {exc}") from None
-        _check_sample_ids(sample, episode.group_id, episode.episode_id, index)
-        pairs.append((sample, raw))
-    return pairs
-
-
-def _decode_header(raw: msgspec.Raw) -> SampleHeader:
-    header = _HEADER_DECODER.decode(raw)
-    _check_sample_version(header.schema_version)
-    return header
-
-
-def _check_sample_version(version: int) -> None:
+def check_sample_version(version: int) -> None:
     if version != SAMPLE_SCHEMA_VERSION:
         raise ValueError(f"sample schema version {version} is not supported (expected {SAMPLE_SCHEMA_VERSION})")
 
 
-def _check_sample(sample: Sample, where: str) -> None:
+def check_in_message(sample: Sample, where: str) -> None:
     """The same checks as `drmas.protocol.decode_sample`, for samples decoded inside a message."""
     try:
         check_sample(sample)
@@ -430,7 +396,7 @@ def _check_sample(sample: Sample, where: str) -> None:
         raise MessageError(reason_of(exc), f"{where}: {exc}") from None
 
 
-def _check_sample_ids(sample: Union[Sample, SampleHeader], group_id: str, episode_id: str, index: int) -> None:
+def check_sample_ids(sample: Union[Sample, SampleHeader], group_id: str, episode_id: str, index: int) -> None:
     """An episode must only carry its own samples, or groups would be assembled from foreign data."""
     if sample.group_id != group_id or sample.episode_id != episode_id:
         raise MessageError(
@@ -439,18 +405,20 @@ def _check_sample_ids(sample: Union[Sample, SampleHeader], group_id: str, episod
         )
 
 
-def _check_episode_fields(message: Union[EpisodeMsg, EpisodeView]) -> None:
+def _check_episode_fields(message: Union[EpisodeMsg, EpisodeHead]) -> None:
     if message.group_size < 1:
         raise MessageError(REJECT_INVALID, f"group_size must be >= 1, got {message.group_size}")
-    if not message.samples:
+    n_samples = len(message.sample_sizes) if isinstance(message, EpisodeHead) else len(message.samples)
+    if not n_samples:
         raise MessageError(REJECT_INVALID, f"episode {message.episode_id} has no samples")
 
 
-def _validate_episode(message: EpisodeMsg) -> None:
+def validate_episode(message: EpisodeMsg) -> None:
+    """Every rule an `EpisodeMsg` decoded in full must meet (its fields, each sample's values and ids)."""
     _check_episode_fields(message)
     for index, sample in enumerate(message.samples):
-        _check_sample(sample, f"sample {index}")
-        _check_sample_ids(sample, message.group_id, message.episode_id, index)
+        check_in_message(sample, f"sample {index}")
+        check_sample_ids(sample, message.group_id, message.episode_id, index)
 
 
 def _validate_pull(message: Pull) -> None:
@@ -460,15 +428,7 @@ def _validate_pull(message: Pull) -> None:
         raise MessageError(REJECT_INVALID, f"pull needs max_groups >= 1, got {message.max_groups}")
 
 
-def _validate_batch(message: GroupBatch) -> None:
-    for group in message.groups:
-        for index, sample in enumerate(group.samples):
-            _check_sample(sample, f"group {group.group_id} sample {index}")
-
-
 _VALIDATORS: dict[type, Callable] = {
-    EpisodeMsg: _validate_episode,
-    EpisodeView: _check_episode_fields,
+    EpisodeHead: _check_episode_fields,
     Pull: _validate_pull,
-    GroupBatch: _validate_batch,
 }

@@ -25,19 +25,13 @@ import zmq
 import zmq.auth.thread
 
 from drmas.buffer.config import BufferConfig
-from drmas.buffer.messages import (
-    Ack,
-    MessageError,
-    decode_buffer_request,
-    encode_message,
-    recover_seq,
-)
+from drmas.buffer.framing import data_of, decode_buffer_request, encode_frames
+from drmas.buffer.messages import REJECT_FRAMING, Ack, MessageError, recover_seq
 from drmas.buffer.store import EpisodeRefused
 from drmas.netsec import CurveKeys, is_local_endpoint, start_curve_authenticator
 
 log = logging.getLogger(__name__)
 
-REJECT_FRAMING = "bad_framing"
 REJECT_INTERNAL = "internal_error"
 
 TICK_S = 0.05  # longest poll: bounds the latency of stop(), timeouts and external discards
@@ -193,6 +187,7 @@ class RouterServer:
                     if self._producers in events:
                         self._drain(self._producers, self._handle_producer)
                     self._housekeeping(self._clock())
+                    self._end_round()
         finally:
             self._loop_ident = None
             self._release_sockets()
@@ -213,19 +208,20 @@ class RouterServer:
     def _handle_frames(self, sock: zmq.Socket, frames: list[zmq.Frame], handler: Callable[[bytes, object], None]) -> None:
         """Decode one message and dispatch it; every failure is counted and answered, never raised.
 
-        Frames are received without a copy: samples stay views into the received message (a `msgspec.Raw`
-        keeps it alive) until they are forwarded, so a sample's bytes are copied once on the way through."""
+        Frames are received without a copy: an episode's samples stay where they arrived (the received frames,
+        or views of them) until they are forwarded -- large ones as the very frames, by reference, small ones
+        joined into one frame (see `drmas.buffer.framing`)."""
         identity = frames[0].bytes
         seq = -1
         try:
-            if len(frames) != 2:
-                raise MessageError(REJECT_FRAMING, f"expected 1 payload frame, got {len(frames) - 1}")
-            message = decode_buffer_request(frames[1].buffer, self.config.max_message_bytes)
+            if len(frames) < 2:
+                raise MessageError(REJECT_FRAMING, "no payload frame")
+            message = decode_buffer_request(frames[1:], self.config.max_message_bytes)
             seq = message.seq
             handler(identity, message)
         except (MessageError, EpisodeRefused) as exc:
-            if seq == -1 and len(frames) == 2:
-                seq = recover_seq(frames[1].buffer)
+            if seq == -1 and len(frames) >= 2:
+                seq = recover_seq(data_of(frames[1]))
             self._refuse(sock, identity, seq, exc.reason, exc.detail)
         except Exception as exc:  # a bug must cost one message, not the buffer
             log.exception("buffer: internal error while handling a message")
@@ -240,6 +236,10 @@ class RouterServer:
     def _housekeeping(self, now: float) -> None:
         """Timers: called after every poll, with the lock held."""
 
+    def _end_round(self) -> None:
+        """Called at the end of every round of the loop (after `_housekeeping`), with the lock held: replies
+        gathered over the round (acknowledgements) go out here, one message per peer."""
+
     def _refuse(self, sock: zmq.Socket, identity: bytes, seq: int, reason: str, detail: str) -> None:
         self._rejected[reason] += 1
         log.debug("buffer: refused message seq=%s: %s %s", seq, reason, detail)
@@ -249,9 +249,9 @@ class RouterServer:
         """Send without blocking; False when the peer is gone or not reading (the caller recovers)."""
         message.instance = self.instance  # type: ignore[attr-defined]
         try:
-            # copy=False: a large payload (a batch of groups) is handed to ZeroMQ, not copied again; pyzmq
-            # still copies small ones (below its copy threshold), where tracking would cost more
-            sock.send_multipart([identity, encode_message(message)], zmq.NOBLOCK, copy=False)
+            # copy=False: a received frame is sent on by reference (libzmq counts the references of a received
+            # message), joined small samples without another copy; pyzmq still copies short byte strings
+            sock.send_multipart([identity, *encode_frames(message)], zmq.NOBLOCK, copy=False)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY) or EAGAIN
             log.debug("buffer: could not send to a peer: %s", exc)

@@ -26,20 +26,17 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Union
 
-import msgspec
-
 from drmas.buffer.admission import AdmissionController
 from drmas.buffer.config import BufferConfig
 from drmas.buffer.credit import CreditGate
+from drmas.buffer.framing import AgentGroupView, EpisodeView, FrameLike, GroupBatchView, validated_samples
 from drmas.buffer.messages import (
     REJECT_UNEXPECTED,
     Ack,
+    Acks,
     AdmitReply,
     AdmitRequest,
-    AgentGroupView,
     DropReport,
-    EpisodeView,
-    GroupBatchView,
     Heartbeat,
     MessageError,
     Pull,
@@ -47,7 +44,6 @@ from drmas.buffer.messages import (
     Stats,
     StatsRequest,
     VersionUpdate,
-    validated_samples,
 )
 from drmas.buffer.router import TICK_S, RouterServer
 from drmas.buffer.store import (
@@ -110,6 +106,10 @@ class TrajectoryBuffer(RouterServer):
         self._credit = CreditGate(config.capacity_samples, config.hard_capacity, config.window)
         self._producer_seen: dict[str, float] = {}  # producer id -> when it last sent anything
         self._parked_pulls: list[_ParkedPull] = []
+        self._acks: dict[bytes, list[int]] = {}  # connection -> seqs of episodes stored this round, not yet acked
+        # acks go out at the end of each round, and after every quarter window within one: all at the round's
+        # end would hold a producer whose whole window arrived in one round until the round is done
+        self._ack_every = max(1, config.window // 4)
         self._new_groups = False
         super().__init__(config, curve, clock)  # binds: from here on messages may arrive
 
@@ -157,7 +157,7 @@ class TrajectoryBuffer(RouterServer):
     def _on_episode(self, identity: bytes, episode: EpisodeView) -> None:
         try:
             pairs = validated_samples(episode, self.config.validate_samples, self.config.max_sample_tokens)
-            samples = [self._stored(sample, raw) for sample, raw in pairs]
+            samples = [self._stored(sample, frame) for sample, frame in pairs]
             opens_group = not self._store.is_pending(episode.group_id)
             ack_now = self._credit.check(identity, self._store.held_samples, len(samples), opens_group)
         except MessageError:
@@ -174,7 +174,11 @@ class TrajectoryBuffer(RouterServer):
                 self._discard_model(model)
             self._new_groups = True
         if ack_now:
-            self._send(self._producers, identity, Ack(seq=episode.seq, accepted=True))
+            pending = self._acks.setdefault(identity, [])
+            pending.append(episode.seq)
+            if len(pending) >= self._ack_every:
+                self._send(self._producers, identity, Acks(seqs=pending))
+                del self._acks[identity]
         else:
             self._credit.park(identity, episode.seq, len(samples))
 
@@ -188,14 +192,14 @@ class TrajectoryBuffer(RouterServer):
         elif not known:  # the refused episode would have opened the group: return the unit leased for it
             self._admission.on_abandoned(self._admission.claim(episode.producer))
 
-    def _stored(self, sample: Union[Sample, SampleHeader], raw: msgspec.Raw) -> StoredSample:
+    def _stored(self, sample: Union[Sample, SampleHeader], frame: FrameLike) -> StoredSample:
         """Check a sample against the agent -> model map and keep its routing fields."""
         expected = self._agent_models.get(sample.agent)
         if self._agent_models and expected is None:
             raise MessageError(REJECT_UNKNOWN_AGENT, f"{sample.agent!r} is not one of {sorted(self._agent_models)}")
         if expected is not None and sample.model != expected:
             raise MessageError(REJECT_MODEL_MISMATCH, f"{sample.agent!r} is served by {expected!r}, not {sample.model!r}")
-        return StoredSample(sample.agent, sample.model, sample.policy_version, raw)
+        return StoredSample(sample.agent, sample.model, sample.policy_version, frame)
 
     # ---- learner side -----------------------------------------------------------------------------
 
@@ -230,7 +234,8 @@ class TrajectoryBuffer(RouterServer):
             self._admission.on_dropped(group.group_id, group.model)
         if not taken and not (allow_empty or pull.wait_ms == 0):
             return False
-        batch = GroupBatchView(seq=pull.seq, groups=[self._view(g) for g in taken])
+        batch = GroupBatchView(seq=pull.seq, groups=[self._view(g) for g in taken],
+                               checked=self.config.validate_samples)
         if self._send(self._consumers, identity, batch):
             self._store.mark_delivered(taken)
             return True
@@ -291,7 +296,16 @@ class TrajectoryBuffer(RouterServer):
         self._release_silent_producers(now)
         self._serve_parked_pulls(now)
         for identity, seq in self._credit.release(self._store.held_samples):
-            self._send(self._producers, identity, Ack(seq=seq, accepted=True))
+            self._acks.setdefault(identity, []).append(seq)
+
+    def _end_round(self) -> None:
+        """Acknowledge every episode stored this round not acknowledged yet, one `Acks` per producer connection:
+        an ack each cost the buffer and the producer a message, an encode and a wake-up per episode. An ack is
+        sent in the round its episode was stored in (or its parked ack released), so no ack waits longer than
+        one round of the loop."""
+        for identity, seqs in self._acks.items():
+            self._send(self._producers, identity, Acks(seqs=seqs))
+        self._acks.clear()
 
     def _serve_parked_pulls(self, now: float) -> None:
         """Answer parked pulls oldest first: with data when some arrived, empty when their wait is over."""

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
-
-import msgspec
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 REFUSE_DUPLICATE = "duplicate_episode"
 REFUSE_SIZE_MISMATCH = "group_size_mismatch"
@@ -39,14 +37,14 @@ class EpisodeRefused(Exception):
         self.detail = detail
 
 
-@dataclass(frozen=True)
-class StoredSample:
-    """A validated sample: its routing fields decoded, its bytes kept as they arrived."""
+class StoredSample(NamedTuple):
+    """A validated sample: its routing fields decoded, its bytes kept where they arrived (the received frame,
+    or a view of it: see `drmas.buffer.framing`). A tuple: one is made per sample the buffer takes in."""
 
     agent: str
     model: str
     policy_version: int
-    raw: msgspec.Raw
+    frame: Any
 
 
 @dataclass
@@ -56,7 +54,7 @@ class QueuedGroup:
     group_id: str
     agent: str
     model: str
-    samples: list[msgspec.Raw]
+    samples: list[Any]  # the samples' bytes as received (see `StoredSample`)
     episode_scores: dict[str, float]  # shared by all parts of the group
     group_rewards: list[float]  # every call's reward in the group, frozen agents' too; shared by all parts
     oldest_version: int  # policy version of the oldest sample: what staleness is judged on
@@ -225,7 +223,7 @@ class GroupStore:
                 group_id=group.group_id,
                 agent=agent,
                 model=samples[0].model,
-                samples=[s.raw for s in samples],
+                samples=[s.frame for s in samples],
                 episode_scores=group.scores,
                 group_rewards=group_rewards,
                 oldest_version=min(s.policy_version for s in samples),

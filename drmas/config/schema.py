@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from drmas.buffer.config import BufferConfig
+from drmas.launch.gpus import GpuPlanConfig
 from drmas.launch.ray_config import RayConfig
 from drmas.restarts import RestartConfig
 from drmas.retrieval.config import RetrievalConfig
@@ -70,7 +71,8 @@ class ModelConfig:
         1, "Processes of this model's learner (async pipeline). N > 1 shards its weights, gradients and AdamW state "
         "over N ranks with FSDP2 and splits every optimizer step's samples between them (data parallel; the loss "
         "is still normalised over the whole step, gradients clipped by their global norm). Rank i uses the i-th "
-        "visible GPU with device auto/cuda, or a CPU core with device cpu: N above what the machine has is refused. "
+        "visible GPU with device auto/cuda (pipeline.gpus.learners picks which GPUs drmas run lets it see), or a "
+        "CPU core with device cpu: N above what the machine has is refused. "
         "drmas run starts them (torchrun); by hand: torchrun --nproc-per-node N -m drmas.learner --model ID ... "
         "Rank 0 alone talks to the buffer and the rollouts. Checkpoints hold every rank's shards "
         "(torch.distributed.checkpoint) and resume on any number of ranks.",
@@ -250,6 +252,8 @@ class PipelineConfig:
         "on a Ray cluster, placed with their CPUs/GPUs; see pipeline.ray). Same outputs either way.",
     )
     ray: RayConfig = _f(RayConfig, "The Ray launcher (pipeline.launcher=ray): cluster address, CPUs/GPUs per process.")
+    gpus: GpuPlanConfig = _f(GpuPlanConfig, "The local launcher's GPUs per process (CUDA_VISIBLE_DEVICES of each learner "
+                             "and rollout); unset, every process sees every GPU.")
     num_rollouts: int = _f(1, "Rollout processes `drmas run` launches (any number may be started by hand).")
     groups_in_flight: int = _f(
         0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from drmas.config.schema import DrmasConfig
 from drmas.devices import DEVICE_SPEC
 from drmas.launch import LAUNCHERS
+from drmas.launch.gpus import check_plan
 
 NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -145,6 +146,10 @@ def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
         p.ray.validate()
     except ValueError as exc:  # RayConfig names its fields in full
         errors.append(str(exc))
+    trained = {m: c for m, c in cfg.models.items()  # models that get a learner (as drmas.assembly.trained_models)
+               if c.trainable and any(a.model == m and a.trainable for a in cfg.agents.values())}
+    errors.extend(check_plan(p.gpus, {m: c.ranks for m, c in trained.items()},
+                             {m: c.device for m, c in trained.items()}, p.launcher))
     for key, low in (("max_staleness", 0), ("num_rollouts", 1), ("groups_in_flight", 0)):
         if getattr(p, key) < low:
             errors.append(f"pipeline.{key}: must be >= {low}, got {getattr(p, key)}")

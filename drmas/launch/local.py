@@ -7,6 +7,7 @@ directory, models, held-out evaluation, restarts, stop order) is `drmas.launch.s
   written to `<output_dir>/config.yaml`, which every child then loads, so all of them agree on the endpoints,
 * a learner with `models.<id>.ranks` > 1 is started through torchrun (its ranks on this machine's GPUs or
   cores, checked before anything starts),
+* under `pipeline.gpus` each learner and rollout sees its own GPUs (`drmas.launch.gpus`),
 * every child runs in a session of its own (a Ctrl-C reaches the launcher only, which then stops them in
   order), its output copied to ours by a thread per process.
 """
@@ -28,6 +29,7 @@ from drmas import assembly
 from drmas.config.schema import DrmasConfig
 from drmas.devices import check_ranks
 from drmas.endpoints import learner_address
+from drmas.launch.gpus import GpuAssignment, visible_gpus
 from drmas.launch.supervisor import Child, Supervisor
 
 
@@ -108,14 +110,16 @@ class LocalChild(Child):
     def spawn(self) -> str:
         launcher = self.launcher
         ranks = launcher.cfg.models[self.args[1]].ranks if self.role == "learner" else 1
+        gpus = launcher.gpus_of(self.role, self.args)
+        env = None if gpus is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
         self.proc = popen_session(child_command(launcher.python, self.module, str(launcher.config_file), self.args,
-                                                ranks))
+                                                ranks), env=env)
         pump = threading.Thread(target=pump_lines, args=(self.proc.stdout, lambda line: launcher._say(self.name, line)),
                                 name=f"drmas-log-{self.name}", daemon=True)
         pump.start()
         self.pumps.append(pump)
         self.pids.append(self.proc.pid)
-        return ""
+        return "" if gpus is None else f" on GPUs {gpus}"
 
     def poll(self) -> Optional[int]:
         return self.proc.poll()
@@ -136,10 +140,21 @@ class LocalLauncher(Supervisor):
     def __init__(self, cfg: DrmasConfig, out: TextIO = sys.stdout, python: str = sys.executable) -> None:
         super().__init__(cfg, out)
         self.python = python
+        self.gpus: GpuAssignment | None = None  # pipeline.gpus, checked against the GPUs we see
 
     def _check_machine(self) -> None:
         for model_id in assembly.trained_models(self.cfg):  # the learners' ranks run on this machine
             check_ranks(self.cfg.models[model_id].device, self.cfg.models[model_id].ranks, f"models.{model_id}.ranks")
+        if self.cfg.pipeline.gpus.active():
+            self.gpus = GpuAssignment(self.cfg.pipeline.gpus, visible_gpus())
+
+    def gpus_of(self, role: str, args: list[str]) -> str | None:
+        """A child's own CUDA_VISIBLE_DEVICES under `pipeline.gpus`, or None: it sees what we see."""
+        if self.gpus is not None and role == "learner":
+            return self.gpus.for_learner(args[1])  # args: --model ID
+        if self.gpus is not None and role == "rollout":
+            return self.gpus.for_rollout(int(args[1]))  # args: --index I
+        return None
 
     def _place(self) -> None:
         self.cfg = assign_ports(self.cfg)

@@ -15,9 +15,7 @@ restarted one never meets an orphan on its port.
 from __future__ import annotations
 
 import collections
-import ctypes
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -26,15 +24,7 @@ from typing import Optional
 
 from drmas.launch.local import child_command, free_ports, popen_session, pump_lines
 from drmas.launch.placement import localize
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the actor's own cleanup has to do
-        pass
+from drmas.process import die_with_parent
 
 
 class ProcessHost:
@@ -63,7 +53,7 @@ class ProcessHost:
         config = localize(config_text, key_root, key_files, self.dir)
         command = child_command(sys.executable, module, str(config), args, ranks)
         self.proc = popen_session(command, cwd=cwd if os.path.isdir(cwd) else str(self.dir),
-                                  preexec_fn=_die_with_parent)
+                                  preexec_fn=die_with_parent)  # not Linux: the actor's cleanup has to do
         self.pump = threading.Thread(target=pump_lines, args=(self.proc.stdout, self.lines.append), daemon=True)
         self.pump.start()
         return self.proc.pid

@@ -6,12 +6,13 @@ import logging
 import os
 import sys
 
-from drmas.process import StopFlag, config_parser, load_or_exit, setup_logging
+from drmas.process import StopFlag, config_parser, die_with_torchrun, load_or_exit, setup_logging
 
 log = logging.getLogger("drmas.learner")
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_torchrun()  # a rank of a sharded learner must not outlive its torchrun
     parser = config_parser("drmas-learner", "Train one model on the groups its agents produce (async pipeline).")
     parser.add_argument("--model", "-m", required=True, help="id of the model to train (a key of `models`)")
     args = parser.parse_args(argv)
