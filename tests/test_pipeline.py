@@ -86,44 +86,15 @@ def test_processes_train_within_the_staleness_bound_and_a_restarted_learner_resu
     _check_buffer_accounting(out, steps, STEPS + 1)
 
 
-def test_max_staleness_zero_trains_strictly_on_policy(tmp_path, smoke_model):
-    out = tmp_path / "run"
-    overrides = _overrides(out, 0, 2)
-    procs = Processes(tmp_path)
-    try:
-        procs.start("buffer", "drmas.buffer.main", "--config", str(SMOKE), *overrides)
-        procs.start("rollout", "drmas.rollout.main", "--config", str(SMOKE), *overrides)
-        _learn(procs, "learner", overrides, time.monotonic() + BUDGET_S)
-        assert procs.stop("rollout", 10) == 0 and procs.stop("buffer", 10) == 0, procs.tails()
-    finally:
-        procs.kill_all()
-    steps = read_metrics(out / "learner-policy" / "metrics.jsonl")
-    assert [r["step"] for r in steps] == [1, 2]
-    assert all(r[f"staleness/{agent}/max"] == 0 for r in steps for agent in ("solver", "verifier"))
-    _check_buffer_accounting(out, steps, 2)
-
-
-def test_endpoints_follow_the_config_and_port_zero_is_refused_outside_the_launcher():
-    cfg = load_config(SMOKE, ["models.judge={builtin: tiny}", "agents.verifier.model=judge",
-                              "pipeline.learner_base_port=7000", "pipeline.learner_hosts={judge: 10.0.0.2}"])
-    assert learner_address(cfg, "policy") == ("127.0.0.1", 7000)
-    assert learner_endpoint(cfg, "judge") == "tcp://10.0.0.2:7001"
-    require_fixed(cfg, buffer=True, learners=["policy", "judge"])
-    cfg = load_config(SMOKE, ["pipeline.learner_base_port=0", "pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:0"])
-    with pytest.raises(EndpointError, match="pipeline.buffer.consumer_endpoint"):
-        require_fixed(cfg, buffer=True)
-    with pytest.raises(EndpointError, match="policy"):
-        require_fixed(cfg, learners=["policy"])
-
-
-def test_bad_messages_to_a_running_buffer_are_counted_and_training_goes_on(tmp_path, smoke_model):
-    """Random bytes, a wrong schema and an oversized message hit the live buffer from a rogue client; the
-    buffer rejects and counts each, and the rollout and learner train through it."""
+def test_strictly_on_policy_training_goes_on_through_bad_messages_to_the_buffer(tmp_path, smoke_model):
+    """pipeline.max_staleness=0 trains only on samples of the current weights. Meanwhile random bytes, a
+    wrong schema and an oversized message hit the live buffer from a rogue client; the buffer rejects and
+    counts each, and the rollout and learner train through it. (One pipeline for both: each costs ~15 s.)"""
     import msgspec
     import zmq
 
     out = tmp_path / "run"
-    overrides = [*_overrides(out, 1, 2), "pipeline.buffer.max_message_bytes=200000"]
+    overrides = [*_overrides(out, 0, 2), "pipeline.buffer.max_message_bytes=200000"]
     producer = next(o.split("=", 1)[1] for o in overrides if o.startswith("pipeline.buffer.producer_endpoint="))
     procs = Processes(tmp_path)
     context = zmq.Context()
@@ -144,11 +115,25 @@ def test_bad_messages_to_a_running_buffer_are_counted_and_training_goes_on(tmp_p
         procs.kill_all()
     steps = read_metrics(out / "learner-policy" / "metrics.jsonl")
     assert [r["step"] for r in steps] == [1, 2]
+    assert all(r[f"staleness/{agent}/max"] == 0 for r in steps for agent in ("solver", "verifier"))
     final = read_metrics(out / "buffer" / "metrics.jsonl")[-1]
     rejected = {k.removeprefix("buffer/rejected/"): v for k, v in final.items() if k.startswith("buffer/rejected/")}
     assert rejected.get("oversized", 0) >= 1, rejected
     assert sum(rejected.values()) >= 3, rejected
     _check_buffer_accounting(out, steps, 2)
+
+
+def test_endpoints_follow_the_config_and_port_zero_is_refused_outside_the_launcher():
+    cfg = load_config(SMOKE, ["models.judge={builtin: tiny}", "agents.verifier.model=judge",
+                              "pipeline.learner_base_port=7000", "pipeline.learner_hosts={judge: 10.0.0.2}"])
+    assert learner_address(cfg, "policy") == ("127.0.0.1", 7000)
+    assert learner_endpoint(cfg, "judge") == "tcp://10.0.0.2:7001"
+    require_fixed(cfg, buffer=True, learners=["policy", "judge"])
+    cfg = load_config(SMOKE, ["pipeline.learner_base_port=0", "pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:0"])
+    with pytest.raises(EndpointError, match="pipeline.buffer.consumer_endpoint"):
+        require_fixed(cfg, buffer=True)
+    with pytest.raises(EndpointError, match="policy"):
+        require_fixed(cfg, learners=["policy"])
 
 
 def _poison(group: str, kind: str):
