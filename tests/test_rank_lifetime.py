@@ -71,3 +71,72 @@ def test_ranks_bound_to_torchrun_end_with_it_and_unbound_ones_outlive_it(tmp_pat
     assert _rank_pids_after_killing_torchrun(tmp_path, "bound") == []
     # the control: without the binding the ranks outlive a killed torchrun (what the binding is for)
     assert len(_rank_pids_after_killing_torchrun(tmp_path, "unbound")) == 2
+
+
+def _order_waiter(rank: int, port: int, keepalive: bool, result: str) -> None:
+    """Rank 0 waits 2.5 s (as for a batch) before its stop order, sending keepalives or not; rank 1 waits for
+    orders as `follow` does, in a group whose broadcasts time out after 1 s."""
+    import torch.distributed as dist
+
+    import torch
+
+    from drmas.learner.rank_group import BatchFanout
+    from drmas.learner.sharding import ShardedRanks
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    fanout = BatchFanout(ShardedRanks(torch.device("cpu")), timeout_s=1.0, keepalive_s=0.3)
+    try:
+        if rank == 0:
+            end = time.monotonic() + 2.5
+            while time.monotonic() < end:
+                if keepalive:
+                    fanout.keepalive()
+                time.sleep(0.05)
+            fanout.finish()
+        else:
+            orders = []
+            while (order := fanout.receive()) is not None:
+                orders.append(order[0])
+            Path(result).write_text(",".join(orders))
+    except RuntimeError as exc:
+        if rank == 1:
+            Path(result).write_text(f"failed: {exc}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_other_ranks_wait_for_orders_as_long_as_rank_0_waits_for_a_batch(tmp_path):
+    """Ranks 1..N-1 wait for rank 0's next order inside a broadcast that fails after its timeout (600 s): a
+    learner whose rollouts took longer than that to deliver (a first vLLM start of a large model, every
+    rollout lost) ended. Rank 0's keepalive orders while it waits keep them."""
+    import socket
+
+    import torch.multiprocessing as tmp
+
+    runs = {}
+    for keepalive in (True, False):  # both pairs at once
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        result = tmp_path / f"keepalive-{keepalive}"
+        runs[keepalive] = (result, tmp.start_processes(_order_waiter, args=(port, keepalive, str(result)), nprocs=2,
+                                                       join=False, start_method="spawn"))
+    try:
+        deadline = time.monotonic() + 120
+        for keepalive, (_, ctx) in runs.items():
+            try:
+                while not ctx.join(timeout=1.0):
+                    assert time.monotonic() < deadline, "ranks still running"
+            except tmp.ProcessRaisedException:
+                if keepalive:
+                    raise  # without keepalives rank 0's finish may fail once rank 1 gave up: expected
+    finally:
+        for _, ctx in runs.values():
+            for proc in ctx.processes:
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+    kept = runs[True][0].read_text()
+    assert kept.split(",")[:3] == ["idle"] * 3, kept
+    broken = runs[False][0].read_text()  # the control: the same wait without keepalives breaks the follower's wait
+    assert broken.startswith("failed"), broken

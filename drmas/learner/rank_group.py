@@ -30,6 +30,7 @@ No rank keeps the whole weights: rank 0 gathers them one parameter at a time as 
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import time
@@ -67,17 +68,35 @@ def learner_ranks(device_spec: str, ranks: int, model_id: str) -> tuple[SingleRa
     return ShardedRanks(device), device
 
 
+ORDER_TIMEOUT_S = 600.0  # the other ranks' wait for rank 0's next order, kept alive by `keepalive` orders
+KEEPALIVE_S = 60.0
+
+
 class BatchFanout:
     """Rank 0's orders to every other rank (see the module docstring), over a gloo group of its own
     (objects travel on CPU whatever carries the model's collectives). With one rank every order is a no-op."""
 
-    def __init__(self, ranks: SingleRank) -> None:
+    def __init__(self, ranks: SingleRank, timeout_s: float = ORDER_TIMEOUT_S, keepalive_s: float = KEEPALIVE_S) -> None:
+        if keepalive_s >= timeout_s:
+            raise ValueError(f"keepalive_s={keepalive_s} must be below timeout_s={timeout_s}")
         self.size = ranks.size
-        self.group = dist.new_group(backend="gloo") if self.size > 1 else None
+        self.keepalive_s = keepalive_s
+        self.group = (dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+                      if self.size > 1 else None)
+        self.last_order = time.monotonic()
 
     def _order(self, order: tuple | None) -> None:
         if self.group is not None:
             dist.broadcast_object_list([order], src=0, group=self.group)
+            self.last_order = time.monotonic()
+
+    def keepalive(self) -> None:
+        """Rank 0, while it waits (for a batch): an `idle` order when none went out for `keepalive_s`. The
+        other ranks wait for orders inside a broadcast, which fails after the group's timeout; without this
+        a learner whose rollouts took long (a first vLLM start of a large model, every rollout lost) ended
+        after ORDER_TIMEOUT_S of waiting."""
+        if self.group is not None and time.monotonic() - self.last_order >= self.keepalive_s:
+            self._order(("idle",))
 
     def send(self, samples: Sequence, advantages: np.ndarray) -> None:
         """Rank 0: the next update's batch."""
@@ -129,6 +148,8 @@ def follow(trainer, fanout: BatchFanout, version: int = 0) -> int:
                 version += 1
             elif kind == "gather":
                 source.follow_pass()
+            elif kind == "idle":  # rank 0 still waits for a batch (BatchFanout.keepalive)
+                pass
             elif kind == "save":
                 checkpoint.save_checkpoint(args[0], args[1], {}, {trainer.model_id: trainer.state_dict()}, {})
             elif kind == "resume":

@@ -113,13 +113,18 @@ class LearnerWorker:
         self.limits = SampleLimits.of_model(self.model, cfg.pipeline.buffer.max_sample_tokens)
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
                                         cfg.pipeline.max_staleness, stop, limits=self.limits,
-                                        idle=self._serve_joins)
+                                        idle=self._while_waiting)
         self.failed_updates = 0
 
     def _current_weights(self):
         """What a rollout that just joined receives (under `exclusive()`; on the sender's join-sync thread, or
         with a gathered source on this thread in `_serve_joins`)."""
         return self.version, self.source
+
+    def _while_waiting(self) -> None:
+        """Before every pull: keep the other ranks' wait for orders alive, serve joins."""
+        self._collective("keepalive", self.fanout.keepalive)
+        self._serve_joins()
 
     def _serve_joins(self) -> None:
         """Join syncs the sender leaves to this thread (a sharded source's gather is a collective that must
