@@ -58,6 +58,7 @@ def test_wrong_type_names_key():
         ("agents.solver.top_p=1.5", "agents.solver.top_p"),
         ("system.malformed_route=yes", "system.malformed_route"),
         ("algorithm.singleton_clip=0", "algorithm.singleton_clip"),
+        ("models.policy.collective_timeout_s=0", "models.policy.collective_timeout_s"),
     ],
 )
 def test_impossible_values_name_the_key(override, key):

@@ -77,6 +77,11 @@ class ModelConfig:
         "Rank 0 alone talks to the buffer and the rollouts. Checkpoints hold every rank's shards "
         "(torch.distributed.checkpoint) and resume on any number of ranks.",
     )
+    collective_timeout_s: float = _f(
+        600.0, "With ranks > 1: how long a rank waits in one collective (a gather, a gradient reduction, a "
+        "checkpoint write) before giving up, so a dead or hung rank ends the learner with a message instead of "
+        "stalling it. Raise it for very large models whose checkpoint writes take longer; the other ranks' wait "
+        "for rank 0's next batch is kept alive separately.")
     trainable: bool = _f(True, "Train this model (false: serve it frozen).")
     optim: OptimConfig = _f(OptimConfig, "Optimizer of this model.")
 

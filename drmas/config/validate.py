@@ -48,6 +48,8 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
             errors.append(f"{where}.device: {m.device!r} is not a device (auto, cpu, cuda or cuda:N)")
         if m.dtype not in DTYPES:
             errors.append(f"{where}.dtype: {m.dtype!r} is not one of {', '.join(DTYPES)}")
+        if m.collective_timeout_s <= 0:
+            errors.append(f"{where}.collective_timeout_s: must be > 0, got {m.collective_timeout_s}")
         if m.ranks < 1:
             errors.append(f"{where}.ranks: must be >= 1, got {m.ranks}")
         elif m.ranks > 1 and cfg.pipeline.mode != "async":

@@ -52,7 +52,7 @@ def follow_rank_0(cfg, model_id: str) -> int:
 
     mcfg = cfg.models[model_id]
     try:
-        ranks, device = learner_ranks(mcfg.device, mcfg.ranks, model_id)
+        ranks, device = learner_ranks(mcfg.device, mcfg.ranks, model_id, mcfg.collective_timeout_s)
     except ValueError as exc:
         print(f"drmas-learner: {exc}", file=sys.stderr)
         return 2

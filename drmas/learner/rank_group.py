@@ -44,12 +44,13 @@ import torch.distributed as dist
 from drmas import checkpoint
 from drmas.devices import check_ranks, resolve_device
 from drmas.learner.ranks import SingleRank
-from drmas.learner.sharding import ShardedRanks, init_ranks
+from drmas.learner.sharding import COLLECTIVE_TIMEOUT_S, ShardedRanks, init_ranks
 
 log = logging.getLogger(__name__)
 
 
-def learner_ranks(device_spec: str, ranks: int, model_id: str) -> tuple[SingleRank, torch.device]:
+def learner_ranks(device_spec: str, ranks: int, model_id: str,
+                  timeout_s: float = COLLECTIVE_TIMEOUT_S) -> tuple[SingleRank, torch.device]:
     """This process's place among the model's `ranks` learner ranks, and its device; joins the process
     group when `ranks` > 1 (started by torchrun: rank i takes GPU LOCAL_RANK, or a CPU core)."""
     key = f"models.{model_id}.ranks"
@@ -64,7 +65,7 @@ def learner_ranks(device_spec: str, ranks: int, model_id: str) -> tuple[SingleRa
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    init_ranks(device.type)
+    init_ranks(device.type, timeout_s)
     return ShardedRanks(device), device
 
 

@@ -44,7 +44,7 @@ from drmas.learner.gathered import GatheredWeights, whole
 from drmas.learner.ranks import SingleRank
 from drmas.weights.source import WeightSource
 
-COLLECTIVE_TIMEOUT_S = 600.0  # a peer rank that died surfaces as an error here instead of a hang
+COLLECTIVE_TIMEOUT_S = 600.0  # default of models.<id>.collective_timeout_s: a dead peer rank surfaces as an error
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -83,13 +83,13 @@ def deal(indices: np.ndarray, lengths: Sequence[int], rank: int, size: int) -> n
     return np.array(sorted(mine), dtype=np.int64)
 
 
-def init_ranks(device_type: str) -> None:
+def init_ranks(device_type: str, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
     """Join the default process group from the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT). On CUDA, NCCL carries the model's collectives and gloo the small CPU ones."""
     if dist.is_initialized():
         return
     backend = "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 
 

@@ -85,7 +85,7 @@ class LearnerWorker:
             raise ValueError(f"model {model_id!r} is not trained by any agent (trained: {assembly.trained_models(cfg)})")
         self.cfg, self.model_id, self.stop = cfg, model_id, stop
         mcfg = cfg.models[model_id]
-        ranks, self.device = learner_ranks(mcfg.device, mcfg.ranks, model_id)
+        ranks, self.device = learner_ranks(mcfg.device, mcfg.ranks, model_id, mcfg.collective_timeout_s)
         self.out = claim_output_dir(Path(cfg.trainer.output_dir) / f"learner-{model_id}", cfg.trainer.resume,
                                     cfg.trainer.overwrite)
         add_log_file(self.out)
