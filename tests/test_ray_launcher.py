@@ -140,3 +140,44 @@ def test_ray_run_that_cannot_be_placed_stops_with_the_reason(tmp_path, smoke_asy
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
     assert "learner-solver_model: no node of the Ray cluster has {'CPU': 1.0, 'GPU': 1.0} free" in done.stderr
     assert "pipeline.ray.placement_timeout_s=3" in done.stderr and "started" not in done.stdout
+
+
+@pytest.mark.timeout(180)
+def test_a_lost_host_is_replaced_without_holding_up_supervision():
+    """While Ray cannot place a replacement host yet (no free CPU), asking whether it is placed returns at
+    once, so the supervisor goes on watching every other process; once room appears it is placed; one that
+    never gets room ends with the reason after the placement timeout. (Before, the supervision round
+    blocked for up to pipeline.ray.placement_timeout_s.)"""
+    import ray
+
+    from drmas.config import load_config
+    from drmas.launch.ray_launcher import RayChild, RayLauncher, _Host
+    from drmas.launch.supervisor import PlacementError
+
+    cfg = load_config(ROOT / "configs" / "smoke_async.yaml",
+                      ["pipeline.launcher=ray", "pipeline.ray.cpus_per_process=1",
+                       "pipeline.ray.placement_timeout_s=60"])
+    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=80 << 20, log_to_driver=False,
+             namespace=f"drmas-test-{uuid.uuid4().hex[:8]}")
+    try:
+        launcher = RayLauncher(cfg)
+        blocker = _Host.options(num_cpus=1).remote("blocker")  # holds the cluster's only CPU
+        ray.get(blocker.where.remote(), timeout=60)
+        child = RayChild("rollout-0", "rollout", "drmas.rollout.main", ["--index", "0"], launcher=launcher, lost=True)
+        start = time.monotonic()
+        assert [child.placed() for _ in range(5)] == [False] * 5
+        assert time.monotonic() - start < 2.0  # asked, not waited for
+        ray.kill(blocker)
+        deadline = time.monotonic() + 60
+        while not child.placed():
+            assert time.monotonic() < deadline, "the replacement host was never placed"
+            time.sleep(0.1)
+        assert ray.get(child.host.where.remote(), timeout=30)[1] > 0 and not child.lost
+        launcher.ray_cfg.placement_timeout_s = 1.0  # the CPU is child's now: a second host never gets room
+        other = RayChild("rollout-1", "rollout", "drmas.rollout.main", ["--index", "1"], launcher=launcher, lost=True)
+        with pytest.raises(PlacementError, match=r"rollout-1: the Ray cluster could not place and start it within 1 s"):
+            while not other.placed():
+                time.sleep(0.1)
+        child.close()
+    finally:
+        ray.shutdown()

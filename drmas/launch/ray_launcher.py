@@ -35,6 +35,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, TextIO
@@ -63,6 +64,30 @@ class RayChild(Child):
     host: Any = None  # the ProcessHost actor handle (None: not yet created, or lost)
     pg: Any = None  # its placement group (buffer and learners)
     lost: bool = False
+    placing: Any = None  # (new host, its `where` call, deadline) while a replacement host is being placed
+
+    def placed(self) -> bool:
+        """A lost host is replaced without blocking: the new actor is asked for once, then checked each round
+        until Ray has placed and started it (PlacementError after the launcher's placement timeout)."""
+        if self.host is not None and not self.lost:
+            return True
+        launcher = self.launcher
+        if self.placing is None:
+            self.placing = launcher.request_host(self.name, self.pg)
+        host, ready, deadline = self.placing
+        if ray.wait([ready], timeout=0)[0]:
+            self.placing = None
+            try:
+                ray.get(ready)
+            except RayActorError as exc:
+                raise PlacementError(f"{self.name}: its new Ray actor died while starting ({exc})") from None
+            self.host, self.lost = host, False
+            return True
+        if time.monotonic() > deadline:
+            self.placing = None
+            ray.kill(host)
+            raise PlacementError(launcher.unplaced(self.name, self.pg))
+        return False
 
     def spawn(self) -> str:
         launcher = self.launcher
@@ -107,6 +132,9 @@ class RayChild(Child):
 
     def close(self) -> None:
         """Free the node's resources the host holds (a removed rollout's CPUs/GPUs go back to Ray at once)."""
+        if self.placing is not None:  # a replacement still being placed
+            ray.kill(self.placing[0])
+            self.placing = None
         if self.host is not None:
             ray.kill(self.host)
             self.lost = True
@@ -156,9 +184,7 @@ class RayLauncher(Supervisor):
     def call(self, ref, timeout: float = _CALL_TIMEOUT_S):
         return ray.get(ref, timeout=timeout)
 
-    def new_host(self, name: str, pg) -> Any:
-        """A ProcessHost for `name`, in its placement group (servers) or anywhere it fits (rollouts), once Ray
-        has placed it; PlacementError naming the process and its resources when the cluster cannot."""
+    def _host_options(self, pg) -> dict[str, Any]:
         rc = self.ray_cfg
         options: dict[str, Any] = dict(max_restarts=0, max_concurrency=1)
         if pg is not None:  # the whole bundle: a learner's GPUs all show in its CUDA_VISIBLE_DEVICES (torchrun ranks)
@@ -167,18 +193,35 @@ class RayLauncher(Supervisor):
                            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0))
         else:
             options.update(num_cpus=rc.cpus_per_process, num_gpus=rc.rollout_gpus)
-        host = _Host.options(**options).remote(name)
+        return options
+
+    def _placement_wait_s(self, pg) -> float:
         # In a ready placement group the resources are already held: what remains is starting the actor's worker
         # process, which a loaded node may take longer than a short placement timeout for; that is not placement.
-        timeout = rc.placement_timeout_s if pg is None else max(rc.placement_timeout_s, _CALL_TIMEOUT_S)
+        rc = self.ray_cfg
+        return rc.placement_timeout_s if pg is None else max(rc.placement_timeout_s, _CALL_TIMEOUT_S)
+
+    def unplaced(self, name: str, pg) -> str:
+        """Why `name` has no host: what it asked for and how long the cluster was given."""
+        options = self._host_options(pg)
+        return (f"{name}: the Ray cluster could not place and start it within {self._placement_wait_s(pg):g} s "
+                f"(pipeline.ray.placement_timeout_s={self.ray_cfg.placement_timeout_s:g}; it asks for "
+                f"{options.get('num_cpus')} CPUs and {options.get('num_gpus', 0)} GPUs; see `ray status`)")
+
+    def request_host(self, name: str, pg) -> tuple[Any, Any, float]:
+        """Ask Ray for a ProcessHost for `name` without waiting: (host, its `where` call, placement deadline)."""
+        host = _Host.options(**self._host_options(pg)).remote(name)
+        return host, host.where.remote(), time.monotonic() + self._placement_wait_s(pg)
+
+    def new_host(self, name: str, pg) -> Any:
+        """A ProcessHost for `name`, in its placement group (servers) or anywhere it fits (rollouts), once Ray
+        has placed it; PlacementError naming the process and its resources when the cluster cannot."""
+        host, ready, deadline = self.request_host(name, pg)
         try:
-            self.call(host.where.remote(), timeout=timeout)
+            self.call(ready, timeout=max(deadline - time.monotonic(), 0.0))
         except GetTimeoutError:
             ray.kill(host)
-            raise PlacementError(f"{name}: the Ray cluster could not place and start it within {timeout:g} s "
-                               f"(pipeline.ray.placement_timeout_s={rc.placement_timeout_s:g}; it asks for "
-                               f"{options.get('num_cpus')} CPUs and {options.get('num_gpus', 0)} GPUs; see "
-                               "`ray status`)") from None
+            raise PlacementError(self.unplaced(name, pg)) from None
         return host
 
     def _server_group(self, name: str, cpus: float, gpus: float):

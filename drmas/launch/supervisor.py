@@ -60,6 +60,12 @@ class Child(ABC):
     def spawn(self) -> str:
         """Start the process (again); returns where it runs, for the `started ...` line."""
 
+    def placed(self) -> bool:
+        """Whether it has a place to (re)start in now; asked every supervision round while it waits to be
+        restarted, so a backend whose placement takes time (a cluster finding room) does not hold up the
+        supervision of every other process. PlacementError once it cannot be placed. Here: always."""
+        return True
+
     @abstractmethod
     def poll(self) -> Optional[int]:
         """None while it runs; else its exit code (negative: killed by that signal; LOST: its host vanished
@@ -211,7 +217,8 @@ class Supervisor(ABC):
                 if child.restart_at is not None:
                     if now >= child.restart_at:
                         try:
-                            self._restart(child)
+                            if child.placed():  # else: asked again next round, the others supervised meanwhile
+                                self._restart(child)
                         except PlacementError as exc:
                             self._say("launcher", f"{exc}: stopping the run")
                             return 1
