@@ -9,9 +9,14 @@ its own process, as in a real deployment. Three runs per size:
 * raw, same work: PUSH of msgspec-encoded EpisodeMsg -> PULL + decode, holding as many decoded samples
                  at a time as one buffer pull returns (the endpoints do what ours do)
 * raw transport: PUSH of pre-encoded bytes -> PULL, no decoding (the wire's ceiling)
+* relays:        the raw transport with a forwarding process between the two ends, as the buffer sits
+                 there: a Python one (`recv_multipart` -> `send_multipart`, no copies, no decoding; what any
+                 buffer written in Python costs at the least) and libzmq's own `zmq.proxy` (no Python at all)
 
 The headline is one line per size, `buffer/raw_wire = X.XXx`: the buffer path (decoded arrays at the
-consumer) against the wire's ceiling. On a shared machine the rates swing with whatever else runs, so each
+consumer) against the wire's ceiling. The relays say how much of the gap the second hop alone costs on
+the machine at hand, whatever a buffer does: `buffer/python_relay` is the share of a do-nothing Python
+forwarder's rate that the buffer keeps while it checks, stores and schedules. On a shared machine the rates swing with whatever else runs, so each
 size also prints the CPU time (all threads, ZeroMQ's I/O thread included) each process of the buffer path spent
 per sample, the least of the repeats: a cost figure that load elsewhere disturbs far less than a rate. The
 script runs on checkouts from before message schema 3 too, for before/after figures in the same conditions.
@@ -25,6 +30,8 @@ import argparse
 import multiprocessing as mp
 import random
 import resource
+import socket
+import threading
 import time
 
 import zmq
@@ -214,6 +221,65 @@ def bench_raw(n_episodes: int, shape: tuple[int, int], decode: bool, hold_sample
     return total / elapsed
 
 
+def run_relay(front: str, back: str, in_python: bool, cpu: mp.Queue, stop: mp.Event) -> None:
+    """Forward every message from a PULL socket to a PUSH socket until `stop`; report the CPU it took."""
+    context = zmq.Context()
+    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    pull.bind(front)
+    push.bind(back)
+    start = _cpu_s()
+    if in_python:  # the leanest loop Python has: a blocking receive (timing out to look at `stop`), a send
+        pull.rcvtimeo = 100
+        while not stop.is_set():
+            try:
+                push.send_multipart(pull.recv_multipart(copy=False), copy=False)
+            except zmq.Again:
+                pass
+    else:  # libzmq's proxy runs until its control socket hears TERMINATE
+        control = context.socket(zmq.PAIR)
+        control.bind("inproc://relay-control")
+        terminate = context.socket(zmq.PAIR)
+        terminate.connect("inproc://relay-control")
+        threading.Thread(target=lambda: (stop.wait(), terminate.send(b"TERMINATE")), daemon=True).start()
+        zmq.proxy_steerable(pull, push, None, control)
+    cpu.put(_cpu_s() - start)
+    context.destroy(linger=0)
+
+
+def bench_relay(n_episodes: int, shape: tuple[int, int], in_python: bool) -> tuple[float, float]:
+    """Samples/s of pre-encoded episodes through a relay process, and the relay's CPU microseconds per sample."""
+    front, back = (f"tcp://127.0.0.1:{_free_port()}" for _ in range(2))
+    cpu, stop, ready, go = mp.Queue(), mp.Event(), mp.Event(), mp.Event()
+    relay = mp.Process(target=run_relay, args=(front, back, in_python, cpu, stop))
+    relay.start()
+    sock = zmq.Context.instance().socket(zmq.PULL)
+    sock.connect(back)
+    producer = mp.Process(target=run_raw_producer, args=(front, n_episodes, shape, True, ready, go))
+    producer.start()
+    try:
+        _start_when_ready(ready, go)
+        start, received, total = time.perf_counter(), 0, n_episodes * len(AGENTS)
+        while received < total:
+            if not sock.poll(60_000):
+                raise TimeoutError(f"relay stalled at {received} of {total}")
+            sock.recv()
+            received += len(AGENTS)
+        elapsed = time.perf_counter() - start
+    finally:
+        producer.join(60)
+        stop.set()
+        sock.close(linger=0)
+    spent = cpu.get(timeout=60)
+    relay.join(60)
+    return total / elapsed, spent / total * 1e6
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def bench_size(name: str, args: argparse.Namespace) -> None:
     """Interleaved runs of the three paths for one sample size; prints the best rates and the headline."""
     n_prompt, n_response, default_episodes = SIZES[name]
@@ -221,8 +287,9 @@ def bench_size(name: str, args: argparse.Namespace) -> None:
     # 4096 samples of 1k tokens as before; at least 1024, so 32k-token samples do not run in lockstep
     capacity = args.capacity or max(1024, (4096 * 1024) // (n_prompt + n_response))
     hold = args.pull_groups * GROUP_SIZE
-    runs: dict[str, list[float]] = {"buffer": [], "raw_work": [], "raw_wire": []}
+    runs: dict[str, list[float]] = {"buffer": [], "raw_work": [], "raw_wire": [], "python_relay": [], "c_relay": []}
     cpu: dict[str, list[float]] = {"producer": [], "buffer": [], "consumer": []}
+    relay_cpu: dict[str, list[float]] = {"python_relay": [], "c_relay": []}
     for _ in range(args.repeats):  # interleaved, so a burst of load elsewhere hits every path alike
         rate, spent = bench_buffer(episodes, shape, args.window, capacity, not args.no_validate, args.pull_groups)
         runs["buffer"].append(rate)
@@ -230,6 +297,10 @@ def bench_size(name: str, args: argparse.Namespace) -> None:
             cpu[process].append(us)
         runs["raw_work"].append(bench_raw(episodes, shape, decode=True, hold_samples=hold))
         runs["raw_wire"].append(bench_raw(episodes, shape, decode=False, hold_samples=hold))
+        for relay, spent_us in relay_cpu.items():
+            rate, us = bench_relay(episodes, shape, in_python=relay == "python_relay")
+            runs[relay].append(rate)
+            spent_us.append(us)
     best = {path: max(rates) for path, rates in runs.items()}
     print(f"[{DESCRIPTIONS[name]}; {episodes} episodes a run]")
     print("samples/s per run:", {path: [round(r) for r in rates] for path, rates in runs.items()})
@@ -237,10 +308,16 @@ def bench_size(name: str, args: argparse.Namespace) -> None:
     print(f"raw PUSH/PULL, encode + decode:          {best['raw_work']:10.0f} samples/s   "
           f"ratio buffer/raw = {best['buffer'] / best['raw_work']:.2f}x")
     print(f"raw PUSH/PULL, pre-encoded, no decode:   {best['raw_wire']:10.0f} samples/s")
+    wire = best["raw_wire"]
+    print(f"relay in Python, no work:                {best['python_relay']:10.0f} samples/s   "
+          f"{best['python_relay'] / wire:.2f}x of the wire, relay CPU {min(relay_cpu['python_relay']):.1f} us/sample")
+    print(f"relay in libzmq (zmq.proxy):             {best['c_relay']:10.0f} samples/s   "
+          f"{best['c_relay'] / wire:.2f}x of the wire, relay CPU {min(relay_cpu['c_relay']):.1f} us/sample")
     print("buffer path CPU per sample (least of the repeats): "
           + ", ".join(f"{process} {min(us):.1f} us" for process, us in cpu.items())
           + f", total {sum(min(us) for us in cpu.values()):.1f} us")
-    print(f"buffer/raw_wire = {best['buffer'] / best['raw_wire']:.2f}x  ({DESCRIPTIONS[name]})", flush=True)
+    print(f"buffer/python_relay = {best['buffer'] / best['python_relay']:.2f}x")
+    print(f"buffer/raw_wire = {best['buffer'] / wire:.2f}x  ({DESCRIPTIONS[name]})", flush=True)
 
 
 def main() -> None:
