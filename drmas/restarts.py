@@ -10,20 +10,20 @@ Any launcher (local processes today, Ray actors later) applies the same policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
+
+from drmas.fields import help_field as _f
 
 EXIT_USAGE = 2  # what every drmas entry point returns for a config error, a bad path or a refused input
 
 
 @dataclass
 class RestartConfig:
-    max_restarts: int = field(default=3, metadata={
-        "help": "Restarts of one process (a rollout, a learner, the buffer) before the run is stopped; "
-                "0 = stop the run at the first death. A learner restarts with trainer.resume=true."})
-    backoff_s: float = field(default=2.0, metadata={
-        "help": "Wait before restarting a process the first time; doubled for each later restart of it."})
-    max_backoff_s: float = field(default=60.0, metadata={"help": "Longest wait before a restart."})
+    max_restarts: int = _f(3, "Restarts of one process (a rollout, a learner, the buffer) before the run is "
+                           "stopped; 0 = stop the run at the first death. A learner restarts with trainer.resume=true.")
+    backoff_s: float = _f(2.0, "Wait before restarting a process the first time; doubled for each later restart of it.")
+    max_backoff_s: float = _f(60.0, "Longest wait before a restart.")
 
     def validate(self) -> None:
         if self.max_restarts < 0:

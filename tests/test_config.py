@@ -89,6 +89,20 @@ def test_cli_config_keys_lists_help():
     rows = {key: text for key, _, text in iter_help()}
     assert "algorithm.normalization" in rows and "Dr. MAS" in rows["algorithm.normalization"]
     assert "agents.<agent>.model" in rows
+    # every section declares its fields with drmas.fields.help_field, wherever the section lives
+    assert [key for key, text in rows.items() if not text.strip()] == []
+    for key in ("pipeline.buffer.capacity_samples", "pipeline.restarts.max_restarts", "pipeline.ray.address",
+                "pipeline.gpus.learners", "retrieval.backend", "pipeline.weights.chunk_mb"):
+        assert key in rows, key
+
+
+def test_mutable_config_defaults_are_not_shared_between_configs():
+    from drmas.launch.gpus import GpuPlanConfig
+
+    first, second = GpuPlanConfig(), GpuPlanConfig()
+    first.learners["policy"] = [0]
+    first.rollouts.append(1)
+    assert second.learners == {} and second.rollouts == []
 
 
 def test_typo_inside_pipeline_buffer_is_caught():

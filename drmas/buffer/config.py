@@ -7,15 +7,11 @@ config only names key files, and the files are read where the sockets are made.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from dataclasses import dataclass, fields
+from typing import Optional
 
+from drmas.fields import help_field as _f
 from drmas.netsec import CurveClientKeys, CurveKeys
-
-
-def _f(default: Any, help: str) -> Any:
-    """A dataclass field carrying its help text (same convention as `drmas.config.schema`)."""
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass

@@ -6,22 +6,16 @@ The schema is plain dataclasses so OmegaConf can type-check YAML and command-lin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from drmas.buffer.config import BufferConfig
+from drmas.fields import help_field as _f
 from drmas.launch.gpus import GpuPlanConfig
 from drmas.launch.ray_config import RayConfig
 from drmas.restarts import RestartConfig
 from drmas.retrieval.config import RetrievalConfig
 from drmas.weights.config import WeightSyncConfig
-
-
-def _f(default, help: str):
-    """A dataclass field carrying its help text; a type (a section dataclass, `dict`) becomes its factory."""
-    if isinstance(default, type):
-        return field(default_factory=default, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass

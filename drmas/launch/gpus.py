@@ -15,14 +15,10 @@ GPU numbers count the GPUs the launcher itself sees: under `CUDA_VISIBLE_DEVICES
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
-
-def _f(default: Any, help: str) -> Any:
-    if isinstance(default, (dict, list)):
-        return field(default_factory=type(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+from drmas.fields import help_field as _f
 
 
 @dataclass

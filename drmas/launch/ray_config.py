@@ -6,14 +6,12 @@ loads and validates without the optional extra installed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
+
+from drmas.fields import help_field as _f
 
 HOSTS = ("auto", "loopback", "node")
-
-
-def _f(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass

@@ -5,13 +5,10 @@ Kept beside the retrieval code and hooked into the main schema unchanged, like t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 
-
-def _f(default: Any, help: str) -> Any:
-    """A dataclass field carrying its help text (same convention as `drmas.config.schema`)."""
-    return field(default=default, metadata={"help": help})
+from drmas.fields import help_field as _f
 
 
 @dataclass

@@ -7,15 +7,12 @@ same convention as ``drmas/config/schema.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
+
+from drmas.fields import help_field as _f
 
 BACKENDS = ("auto", "gloo", "nccl")
 FANOUTS = ("chain", "pairs")
-
-
-def _f(default: object, help: str):
-    """A dataclass field carrying its help text."""
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
