@@ -105,3 +105,35 @@ def test_a_non_finite_frozen_reward_is_refused_like_a_non_finite_sample_reward(m
     producer.flush(timeout_s=5)
     assert [r.reason for r in producer.pop_rejections()] == ["invalid"]
     assert buf.stats().received_samples == 0
+
+
+@pytest.mark.parametrize("mode", ["agent", "step_global", "global"])
+def test_an_episode_in_which_no_trained_agent_spoke_still_completes_its_group(make_buffer, clients, mode):
+    """A router that answers at once makes an episode of frozen calls only: sent with its rewards alone, it
+    completes the group (which would otherwise wait out the incomplete timeout and be lost) and counts in
+    the pooled scores, so every mode's advantages equal the colocated loop's."""
+    episodes = [[(FROZEN, 0.5)], [("solver", 1.0), (FROZEN, 0.2)], [("solver", 0.0), ("verifier", 1.0)]]
+    every = []
+    buf = make_buffer(agent_models=AGENT_MODELS)
+    producer = clients.producer(buf)
+    for index, calls in enumerate(episodes):
+        samples = [Sample(episode_id=f"g9-e{index}", group_id="g9", agent=agent, model=AGENT_MODELS.get(agent, "f"),
+                          turn=turn, prompt_ids=[1, 2], response_ids=[3], behaviour_logprobs=[-1.0],
+                          policy_version=0, temperature=1.0, valid=True, reward=reward)
+                   for turn, (agent, reward) in enumerate(calls)]
+        every += samples
+        producer.send_episode("g9", GROUP_SIZE, f"g9-e{index}", [s for s in samples if s.agent in AGENT_MODELS],
+                              frozen_rewards=[s.reward for s in samples if s.agent not in AGENT_MODELS])
+    producer.send_episode("g8", GROUP_SIZE, "g8-e0", [])  # no call at all: nothing to score it by
+    producer.flush(timeout_s=5)
+    assert [(r.episode_id, r.reason) for r in producer.pop_rejections()] == [("g8-e0", "invalid")]
+    wait_until(lambda: buf.stats().depth == {"solver": 1, "verifier": 1})
+
+    collector = GroupCollector(clients.consumer(buf), ["solver", "verifier"], 1, 1, StopFlag(install=False), poll_ms=50)
+    parts = collector.next_batch(0).groups
+    assert {p.agent: len(p.samples) for p in parts} == {"solver": 2, "verifier": 1}
+    assert parts[0].episode_scores["g9-e0"] == pytest.approx(0.5)
+    samples, adv = group_advantages(parts, AlgorithmConfig(normalization=mode, singleton_fallback=False),
+                                    AgentRewardStats())
+    expected = _colocated(every, mode)
+    np.testing.assert_allclose(adv, [expected[(s.episode_id, s.agent, s.turn)] for s in samples], rtol=1e-12, atol=1e-12)

@@ -227,7 +227,8 @@ class BufferProducer(_Client):
         """Queue one finished episode; returns its seq. Waits (up to `timeout_s`) only for window credit.
 
         `frozen_rewards`: the rewards of the episode's calls that are not sent (agents no learner trains);
-        they still count in its trajectory score and its group's pooled rewards.
+        they still count in its trajectory score and its group's pooled rewards. `samples` may be empty
+        when only such agents spoke: the episode still completes its group.
         A TimeoutError here means the episode was *not* sent (the buffer stayed full or unreachable);
         calling again later retries it.
         """

@@ -78,7 +78,7 @@ class EpisodeMsg(_Message):
     group_id: Name
     group_size: Count  # episodes the group will have; the group is complete when all arrived
     episode_id: Name
-    samples: list[Sample]
+    samples: list[Sample]  # the calls of trained agents; none when only frozen agents spoke
     # rewards of the episode's calls not sent (agents no learner trains): they count in the trajectory score
     # and in the group's pooled rewards as in the colocated loop, which trains on the same episodes
     frozen_rewards: FrozenRewards = []
@@ -409,8 +409,10 @@ def _check_episode_fields(message: Union[EpisodeMsg, EpisodeHead]) -> None:
     if message.group_size < 1:
         raise MessageError(REJECT_INVALID, f"group_size must be >= 1, got {message.group_size}")
     n_samples = len(message.sample_sizes) if isinstance(message, EpisodeHead) else len(message.samples)
-    if not n_samples:
-        raise MessageError(REJECT_INVALID, f"episode {message.episode_id} has no samples")
+    # an episode in which no trained agent spoke (a router answered at once) carries only its frozen calls'
+    # rewards: it still completes its group and counts in the pooled scores, as in the colocated loop
+    if not n_samples and not message.frozen_rewards:
+        raise MessageError(REJECT_INVALID, f"episode {message.episode_id} has no samples and no rewards")
 
 
 def validate_episode(message: EpisodeMsg) -> None:

@@ -183,8 +183,8 @@ class RolloutWorker:
         self.meter.episodes += 1
         samples = [s for s in result.samples if s.agent in self.trained_agents]
         frozen_rewards = [s.reward for s in result.samples if s.agent not in self.trained_agents]
-        if not samples:
-            log.warning("episode %s has no call of a trained agent: its group cannot complete", result.request.episode_id)
+        if not samples and not frozen_rewards:
+            log.warning("episode %s made no agent call: its group cannot complete", result.request.episode_id)
             return
         start = time.monotonic()
         while self.producer.unacked >= self.producer.window:
