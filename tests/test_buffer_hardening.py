@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import msgspec
-import zmq
 from buffer_harness import (  # noqa: F401  (fixtures)
     clients,
     conserved,

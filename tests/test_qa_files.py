@@ -179,7 +179,7 @@ GOOD = json.dumps({"question": "q?", "golden_answers": ["a"]})
 
 def test_corrupt_jsonl_line_is_reported_with_file_and_line(tmp_path: Path) -> None:
     path = _jsonl(tmp_path / "nq.jsonl", [GOOD, GOOD, '{"question": "q?", "golden_answers": ["a"'])
-    with pytest.raises(ValueError, match=rf"nq\.jsonl:3: invalid JSON"):
+    with pytest.raises(ValueError, match=r"nq\.jsonl:3: invalid JSON"):
         load_qa_problems(path, "test")
 
 

@@ -16,7 +16,7 @@ is one frame (`encode_message`).
 
 from __future__ import annotations
 
-from typing import Annotated, Callable, Optional, Union
+from typing import Annotated, Callable, Union
 
 import msgspec
 
