@@ -17,6 +17,8 @@ from drmas.tasks.arithmetic import ArithmeticTask
 from drmas.tasks.base import Problem
 from drmas.tasks.files import MathFileTask
 
+ROOT = Path(__file__).resolve().parents[1]
+
 SMALL = TaskConfig(name="arithmetic", seed=3, n_train=300, n_test=40, min_operands=2, max_operands=4,
                    max_value=12, operations="+-*")
 
@@ -268,10 +270,33 @@ def test_solution_without_box_is_reported(tmp_path: Path) -> None:
         file_task(train=path)
 
 
-def test_missing_file_names_the_path(tmp_path: Path) -> None:
+def test_missing_file_names_the_key_and_the_path(tmp_path: Path) -> None:
     path = tmp_path / "nowhere.jsonl"
-    with pytest.raises(FileNotFoundError, match="nowhere.jsonl"):
+    with pytest.raises(FileNotFoundError, match=r"task.train_file: task file not found: .*nowhere.jsonl"):
         file_task(train=path)
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"question": "1+1?"}])
+    with pytest.raises(ValueError, match=r"task.test_file: .*bad.jsonl:1"):
+        file_task(test=bad)
+
+
+def test_drmas_run_refuses_a_bad_task_file_before_starting_any_process(tmp_path: Path, capsys) -> None:
+    """The async launcher reads every data file before it starts the buffer, learners and rollouts: a typo in
+    a path is one clear line and exit code 2, not a traceback after the held-out evaluation began."""
+    import signal
+
+    from drmas.cli import main
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:  # the launcher installs its stop handlers in this process
+        code = main(["run", "--config", str(ROOT / "configs" / "smoke_async.yaml"), "task.name=math_file",
+                     f"task.train_file={tmp_path / 'nowhere.jsonl'}", f"trainer.output_dir={tmp_path / 'run'}"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "task.train_file: task file not found:" in err and "nowhere.jsonl" in err
+    assert "Traceback" not in out + err and "started" not in out and "held-out" not in out
 
 
 @pytest.mark.parametrize("content", ["", "\n  \n\n"])
@@ -319,7 +344,7 @@ def test_non_text_fields_are_refused_naming_file_place_field_and_type(
     with pytest.raises(ValueError) as error:
         file_task(train=path)
     message = str(error.value)
-    assert message.startswith(f"{path}:{place}: {field!r} should be ") and f"got {found} " in message
+    assert message.startswith(f"task.train_file: {path}:{place}: {field!r} should be ") and f"got {found} " in message
     assert "['" not in message.split("got")[0]  # the list never became question/answer text
 
 

@@ -167,6 +167,7 @@ class Supervisor(ABC):
 
         cfg = self.cfg
         run_dir = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
+        assembly.build_task(cfg)  # reads every data file (cheap, so first): a bad path or row stops the run here
         for model_id in cfg.models:
             assembly.model_path(cfg, model_id)  # build once, here, before the children need it
         self._check_machine()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from drmas.config.schema import TaskConfig
 from drmas.jsonl import jsonl_records
@@ -181,6 +181,22 @@ def load_problems(path: str | Path, split: str) -> list[Problem]:
     return [row_problem(row, split, index) for index, row in enumerate(read_rows(Path(path)))]
 
 
+def load_split_files(
+    files: dict[str, Optional[str]], load: Callable[[str, str], list[Problem]]
+) -> dict[str, list[Problem]]:
+    """`load(path, split)` for every split with a file; an error names its key (`task.train_file: ...`) before
+    the file and line it found, so a user knows which setting to fix as well as where the data is wrong."""
+    splits = {}
+    for split, path in files.items():
+        if not path:
+            continue
+        try:
+            splits[split] = load(path, split)
+        except (FileNotFoundError, ValueError) as exc:
+            raise type(exc)(f"task.{split}_file: {exc}") from exc
+    return splits
+
+
 def load_benchmark_file(path: str | Path) -> list[Problem]:
     """Every problem of a math benchmark file (`drmas eval`); uids `file-bench-<row>` are unique within it."""
     return load_problems(path, "bench")
@@ -196,7 +212,7 @@ class MathFileTask:
         self._files: dict[str, Optional[str]] = {"train": cfg.train_file, "test": cfg.test_file}
         if not any(self._files.values()):
             raise ValueError("math_file task: set task.train_file and/or task.test_file")
-        self._splits = {name: load_problems(path, name) for name, path in self._files.items() if path}
+        self._splits = load_split_files(self._files, load_problems)
 
     def split(self, name: str) -> Sequence[Problem]:
         """The problems of split `name`; a split without a configured file is an error, not an empty list."""

@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 from drmas.config.schema import TaskConfig
 from drmas.tasks import TASKS
 from drmas.tasks.base import Problem
-from drmas.tasks.files import Row, read_rows
+from drmas.tasks.files import Row, load_split_files, read_rows
 from drmas.tasks.qa_grading import check_metric, grade_response
 
 # Answer fields in order of preference: the Search-R1/FlashRAG name first, then the raw datasets' names.
@@ -180,7 +180,7 @@ class QAFileTask:
         self._files: dict[str, Optional[str]] = {"train": cfg.train_file, "test": cfg.test_file}
         if not any(self._files.values()):
             raise ValueError("qa_file task: set task.train_file and/or task.test_file")
-        self._splits = {name: load_qa_problems(path, name) for name, path in self._files.items() if path}
+        self._splits = load_split_files(self._files, load_qa_problems)
 
     def split(self, name: str) -> Sequence[Problem]:
         """The problems of split `name`; a split without a configured file is an error, not an empty list."""
