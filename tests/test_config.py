@@ -1,5 +1,6 @@
 """Config loading: YAML + overrides against the typed schema, and errors that name the key."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,13 @@ def test_learner_ranks_are_documented_and_impossible_values_name_the_key():
     ]:
         with pytest.raises(ConfigError, match=message):
             load_config(SMOKE, overrides)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("eval.benchmarks=[/data/aime.jsonl]", "bad value for 'eval.benchmarks': expected a mapping, got a list"),
+    ("pipeline.gpus.rollouts={a: 1}", "bad value for 'pipeline.gpus.rollouts': expected a list, got a mapping"),
+    ("agents=[solver, verifier]", "bad value for 'agents': expected a mapping, got a list"),
+])
+def test_a_list_for_a_mapping_or_the_reverse_names_the_key(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(SMOKE, [override])

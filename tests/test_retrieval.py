@@ -81,6 +81,14 @@ def test_empty_or_missing_corpus_is_a_clear_error(tmp_path):
         load_passages(empty)
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         load_passages(tmp_path / "nope.jsonl")
+    # as the run reads it (the launcher, before any process starts), the error names the key first
+    from drmas.retrieval.config import RetrievalConfig
+    from drmas.retrieval.factory import corpus_for
+
+    with pytest.raises(FileNotFoundError, match=r"^retrieval.corpus: corpus file not found: .*nope.jsonl"):
+        corpus_for(RetrievalConfig(corpus=str(tmp_path / "nope.jsonl")), None)
+    with pytest.raises(CorpusError, match=r"^retrieval.corpus: .*holds no passages"):
+        corpus_for(RetrievalConfig(corpus=str(empty)), None)
 
 
 def test_corpus_fingerprint_is_stable_and_content_sensitive(passages, tmp_path):

@@ -10,10 +10,10 @@ import dataclasses
 import difflib
 import typing
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from drmas.config.schema import DrmasConfig
@@ -38,6 +38,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         except OmegaConfBaseException as exc:
             key = getattr(exc, "full_key", None) or "?"
             raise ConfigError(f"{origin}: bad value for '{key}': {_first_line(exc)}") from None
+        except TypeError:  # OmegaConf's "Cannot merge incompatible container types" names no key: find it
+            key, expected, got = _container_mismatch(data, merged) or ("?", "another type", "a container")
+            raise ConfigError(f"{origin}: bad value for '{key}': expected {expected}, got {got}") from None
     try:
         cfg: DrmasConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except ValueError as exc:
@@ -54,6 +57,24 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
 def to_yaml(cfg: DrmasConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _container_mismatch(data: dict, node: DictConfig, prefix: str = "") -> Optional[tuple[str, str, str]]:
+    """(key, expected, got) of the first list given where the schema has a mapping, or the reverse."""
+    kinds = {dict: "a mapping", list: "a list"}
+    for key, value in data.items():
+        if not isinstance(key, str) or key not in node:
+            continue
+        target, path = node[key], f"{prefix}{key}"
+        if isinstance(value, list) and isinstance(target, DictConfig):
+            return path, kinds[dict], kinds[list]
+        if isinstance(value, dict) and isinstance(target, ListConfig):
+            return path, kinds[list], kinds[dict]
+        if isinstance(value, dict) and isinstance(target, DictConfig):
+            found = _container_mismatch(value, target, f"{path}.")
+            if found:
+                return found
+    return None
 
 
 def _first_line(exc: Exception) -> str:

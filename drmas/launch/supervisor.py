@@ -135,7 +135,11 @@ class Supervisor(ABC):
                 return 2
             accuracy = {}
             if not self.cfg.trainer.resume:
-                accuracy["before"] = self._heldout("before")
+                try:  # builds the system as the rollouts will (its retriever's corpus included): same refusals
+                    accuracy["before"] = self._heldout("before")
+                except (FileNotFoundError, ValueError) as exc:
+                    print(f"drmas: {exc}", file=sys.stderr)
+                    return 2
             try:
                 try:
                     self._start("buffer", "buffer", "drmas.buffer.main", [])

@@ -37,7 +37,10 @@ def corpus_for(cfg: RetrievalConfig, task: Optional[object]) -> list[Passage]:
     if cfg.corpus:
         from drmas.retrieval.corpus import load_passages
 
-        return load_passages(cfg.corpus)
+        try:
+            return load_passages(cfg.corpus)
+        except (FileNotFoundError, ValueError) as exc:  # name the key as well as the file and line
+            raise type(exc)(f"retrieval.corpus: {exc}") from exc
     passages = getattr(task, "passages", None)
     if callable(passages):
         return list(passages())
