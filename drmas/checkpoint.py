@@ -60,12 +60,14 @@ def save_checkpoint(
     models: dict[str, tuple[torch.nn.Module, object]],
     trainer_states: dict[str, dict],
     run_state: dict,
+    keep: int = 0,
 ) -> Path:
     """Write weights (HF dirs), per-model trainer state (DCP) and the run state (JSON) for `step`.
 
     `trainer_states` are DCP state dicts (a trainer's `state_dict()`). Inside a process group every rank
-    calls this with the same `output_dir`, `step` and trainer-state keys; `models` and `run_state` are
-    only read on rank 0, which alone returns once the checkpoint is complete."""
+    calls this with the same `output_dir`, `step` and trainer-state keys; `models`, `run_state` and `keep`
+    are only read on rank 0, which alone returns once the checkpoint is complete -- and, with `keep`, once
+    the checkpoints older than the newest `keep` are deleted (`prune_checkpoints`)."""
     from drmas.models import save_checkpoint_model
 
     target = checkpoint_dir(output_dir, step)
@@ -95,7 +97,32 @@ def save_checkpoint(
         os.fsync(f.fileno())
     _sync_dir(target)
     _sync_dir(target.parent)  # the step directory's own entry in checkpoints/
+    if keep:
+        prune_checkpoints(output_dir, keep)
     return target
+
+
+def prune_checkpoints(output_dir: str | Path, keep: int) -> list[Path]:
+    """Delete every checkpoint but the newest `keep` complete ones; returns what was deleted.
+
+    Also deleted: torn saves (no `COMPLETE`) older than the newest complete checkpoint, which nothing can
+    resume from. A torn save newer than it is left alone: it is the directory the next save of that step
+    replaces. Only called after a save's marker is durable, so the newest checkpoint is never at risk."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    root = Path(output_dir) / "checkpoints"
+    steps = sorted((int(m.group(1)), child) for child in (root.iterdir() if root.is_dir() else ())
+                   if (m := _STEP_DIR.match(child.name)))
+    complete = [(step, path) for step, path in steps if (path / "COMPLETE").exists()]
+    if not complete:
+        return []
+    newest = complete[-1][0]
+    doomed = complete[:-keep] + [(s, p) for s, p in steps if s < newest and not (p / "COMPLETE").exists()]
+    for _, path in doomed:
+        # the marker first: a deletion cut short leaves a torn directory that is never resumed from
+        (path / "COMPLETE").unlink(missing_ok=True)
+        shutil.rmtree(path)
+    return [path for _, path in doomed]
 
 
 @contextmanager

@@ -76,7 +76,8 @@ class ColocatedRun:
         states = {m: t.state_dict() for m, t in self.trainers.items()}
         run_state = {"step": self.step, "stats": self.stats.state_dict(), "sampler": self.sampler.state_dict(),
                      "accuracy": self.accuracy, "history": self.history}
-        path = checkpoint.save_checkpoint(self.out, self.step, models, states, run_state)
+        path = checkpoint.save_checkpoint(self.out, self.step, models, states, run_state,
+                                          keep=self.cfg.trainer.keep_checkpoints)
         self.saved_step = self.step
         return path
 

@@ -218,3 +218,9 @@ def test_learner_ranks_are_documented_and_impossible_values_name_the_key():
 def test_a_list_for_a_mapping_or_the_reverse_names_the_key(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(SMOKE, [override])
+
+
+def test_keep_checkpoints_must_not_be_negative():
+    assert load_config(SMOKE, ["trainer.keep_checkpoints=3"]).trainer.keep_checkpoints == 3
+    with pytest.raises(ConfigError, match=r"trainer.keep_checkpoints: must be >= 0"):
+        load_config(SMOKE, ["trainer.keep_checkpoints=-1"])

@@ -46,6 +46,23 @@ def test_checkpoint_is_durable_before_its_complete_marker(tmp_path, tiny_model, 
     assert synced[marker + 1:] == [target, target.parent]  # then the marker's directory entries
 
 
+def test_keep_checkpoints_deletes_all_but_the_newest_complete_ones(tmp_path, tiny_model):
+    """trainer.keep_checkpoints=2 over five saves: the newest two stay and resume from the newest; a torn save
+    older than them goes too, one newer than them (the next save's directory) is left alone."""
+    model, tokenizer = tiny_model
+    torn_old, torn_new = checkpoint.checkpoint_dir(tmp_path, 2), checkpoint.checkpoint_dir(tmp_path, 9)
+    for torn in (torn_old, torn_new):
+        (torn / "policy").mkdir(parents=True)  # a save killed before its marker
+    for step in (1, 3, 4, 5, 6):
+        checkpoint.save_checkpoint(tmp_path, step, {"policy": (model, tokenizer)}, {"policy": {"x": step}},
+                                   {"step": step}, keep=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_5", "step_6", "step_9"]
+    assert checkpoint.latest_checkpoint(tmp_path) == checkpoint.checkpoint_dir(tmp_path, 6)
+    assert checkpoint.load_run_state(checkpoint.checkpoint_dir(tmp_path, 5)) == {"step": 5}  # whole, loadable
+    checkpoint.save_checkpoint(tmp_path, 7, {"policy": (model, tokenizer)}, {"policy": {"x": 7}}, {"step": 7})
+    assert len(list((tmp_path / "checkpoints").iterdir())) == 4  # keep=0 (the default) deletes nothing
+
+
 def test_an_output_dir_holding_a_run_is_refused_unless_resuming_or_overwriting(tmp_path):
     run = tmp_path / "run"
     assert claim_output_dir(run, resume=False, overwrite=False) == run and run.is_dir()  # new: created

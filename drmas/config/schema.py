@@ -211,6 +211,10 @@ class TrainerConfig:
     steps: int = _f(10, "Training steps (one update of every trainable model per step).")
     seed: int = _f(0, "Seed of sampling, shuffling and initialisation.")
     checkpoint_interval: int = _f(0, "Save a checkpoint every N steps (0: only at the end).")
+    keep_checkpoints: int = _f(
+        0, "Keep only the newest N complete checkpoints, deleting older ones after each save (0: keep every one). "
+        "A checkpoint holds the weights twice (HF directory + trainer state) and the optimizer state, so a long run "
+        "with checkpoint_interval set fills its disk without this.")
     output_dir: str = _f("runs/default", "Where tensorboard/, metrics.jsonl, config.yaml and checkpoints/ go.")
     resume: bool = _f(False, "Continue from the last checkpoint in output_dir (weights, optimizer, stats, step, RNG).")
     overwrite: bool = _f(

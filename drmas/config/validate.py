@@ -127,6 +127,8 @@ def _check_rollout_and_trainer(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append("trainer.steps: must be >= 0")
     if t.checkpoint_interval < 0:
         errors.append("trainer.checkpoint_interval: must be >= 0")
+    if t.keep_checkpoints < 0:
+        errors.append(f"trainer.keep_checkpoints: must be >= 0 (0: keep every checkpoint), got {t.keep_checkpoints}")
     if cfg.eval.n_problems < 0:
         errors.append("eval.n_problems: must be >= 0")
     if cfg.task.answer_extraction not in ("boxed", "flexible"):

@@ -107,14 +107,16 @@ class BatchFanout:
         """Rank 0, as a pass over the whole weights opens: the other ranks take part in its gathers."""
         self._order(("gather",))
 
-    def save(self, trainer, output_dir: Path, version: int, source, tokenizer, run_state: dict) -> Path:
+    def save(self, trainer, output_dir: Path, version: int, source, tokenizer, run_state: dict,
+             keep: int = 0) -> Path:
         """Rank 0: write the checkpoint of `version` with every rank: each its shards of the trainer state,
         rank 0 also the HF directory of the whole weights streamed from `source` (rank 0's weight source,
-        whose pass orders the other ranks' gathers), `run_state` and the marker."""
+        whose pass orders the other ranks' gathers), `run_state` and the marker; then it deletes what
+        `keep` leaves out (`checkpoint.prune_checkpoints`)."""
         self._order(("save", str(output_dir), version))
         model = trainer.ranks.saveable(trainer.model, source)
         return checkpoint.save_checkpoint(output_dir, version, {trainer.model_id: (model, tokenizer)},
-                                          {trainer.model_id: trainer.state_dict()}, run_state)
+                                          {trainer.model_id: trainer.state_dict()}, run_state, keep=keep)
 
     def resume(self, trainer, ckpt: Path, version: int) -> None:
         """Rank 0: load checkpoint `ckpt` (of `version`) with every rank, each into its shards."""

@@ -283,7 +283,8 @@ class LearnerWorker:
         version, under `checkpoints/step_<version>`."""
         path = self.fanout.save(self.trainer, self.out, self.version, self.source, self.tokenizer,
                                 {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict(),
-                                 "lineage": self.lineage.state_dict(), "ranks": self.trainer.ranks.size})
+                                 "lineage": self.lineage.state_dict(), "ranks": self.trainer.ranks.size},
+                                keep=self.cfg.trainer.keep_checkpoints)
         self.saved_version = self.version
         log.info("saved %s", path)
         return path
