@@ -220,7 +220,9 @@ def test_a_list_for_a_mapping_or_the_reverse_names_the_key(override, message):
         load_config(SMOKE, [override])
 
 
-def test_keep_checkpoints_must_not_be_negative():
-    assert load_config(SMOKE, ["trainer.keep_checkpoints=3"]).trainer.keep_checkpoints == 3
-    with pytest.raises(ConfigError, match=r"trainer.keep_checkpoints: must be >= 0"):
-        load_config(SMOKE, ["trainer.keep_checkpoints=-1"])
+@pytest.mark.parametrize("key", ["trainer.keep_checkpoints", "models.policy.optim.warmup_steps"])
+def test_step_counts_must_not_be_negative(key):
+    cfg = load_config(SMOKE, [f"{key}=3"])
+    assert (cfg.trainer.keep_checkpoints if key.startswith("trainer") else cfg.models["policy"].optim.warmup_steps) == 3
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: must be >= 0"):
+        load_config(SMOKE, [f"{key}=-1"])

@@ -48,6 +48,25 @@ def test_update_takes_finite_steps_and_changes_weights(tiny_model_dir):
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
 
 
+def test_warmup_ramps_the_learning_rate_of_the_steps_it_takes(tiny_model_dir):
+    """optim.warmup_steps=4: optimizer step k uses lr*k/4. AdamW's first step moves each weight by about its
+    learning rate (m/sqrt(v) = +-1), so the largest change shows the rate the step really used."""
+    samples = _samples(tiny_model_dir, n=4)
+    moved = {}
+    for warmup in (0, 4):
+        model, _ = load_model(tiny_model_dir)
+        trainer = PolicyTrainer("m", model, OptimConfig(lr=1e-2, weight_decay=0.0, warmup_steps=warmup),
+                                AlgorithmConfig(micro_batch_size=4, optim_steps_per_update=1))
+        before = [p.detach().clone() for p in trainer.params]
+        metrics = trainer.update(samples, np.array([1.0, -1.0, 1.0, -1.0]))
+        moved[warmup] = max((p.detach() - b).abs().max().item() for p, b in zip(trainer.params, before))
+        assert metrics["lr/m"] == pytest.approx(1e-2 if warmup == 0 else 0.25e-2)
+    assert moved[4] / moved[0] == pytest.approx(0.25, rel=1e-3)
+    assert [trainer.learning_rate(k) for k in (1, 2, 4, 9)] == pytest.approx([0.25e-2, 0.5e-2, 1e-2, 1e-2])
+    trainer.update(samples, np.array([1.0, -1.0, 1.0, -1.0]))
+    assert trainer.optimizer_steps == 2 and trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-2)
+
+
 def test_positive_advantage_raises_logprob_of_sampled_tokens(tiny_model_dir):
     samples = _samples(tiny_model_dir, n=4)
     trainer = _trainer(tiny_model_dir)

@@ -20,7 +20,10 @@ from drmas.weights.config import WeightSyncConfig
 
 @dataclass
 class OptimConfig:
-    lr: float = _f(1e-6, "AdamW learning rate (constant).")
+    lr: float = _f(1e-6, "AdamW learning rate (constant after the warm-up).")
+    warmup_steps: int = _f(
+        0, "Optimizer steps over which the learning rate rises linearly to lr: optimizer step k (1-based) of the "
+        "first warmup_steps uses lr * k / warmup_steps. 0: lr from the first step. Counted across resumes.")
     weight_decay: float = _f(0.01, "AdamW weight decay.")
     beta1: float = _f(0.9, "AdamW beta1.")
     beta2: float = _f(0.999, "AdamW beta2.")

@@ -60,6 +60,8 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
                           "visible ones (device cuda or auto)")
         if m.optim.lr < 0:
             errors.append(f"{where}.optim.lr: must be >= 0, got {m.optim.lr}")
+        if m.optim.warmup_steps < 0:
+            errors.append(f"{where}.optim.warmup_steps: must be >= 0, got {m.optim.warmup_steps}")
         if m.tiny.hidden_size % max(m.tiny.num_heads, 1) or m.tiny.hidden_size // max(m.tiny.num_heads, 1) < 32:
             errors.append(f"{where}.tiny: hidden_size / num_heads must be an integer >= 32")
         if m.tiny.prime_system not in ("math", "search"):

@@ -56,6 +56,13 @@ class PolicyTrainer:
         self.skipped_steps = 0
         self.optimizer_steps = 0
 
+    def learning_rate(self, step: int) -> float:
+        """The learning rate of optimizer step `step` (1-based): a linear warm-up over `optim.warmup_steps`,
+        then `optim.lr`. A function of the step count, which checkpoints keep, so a resumed run goes on
+        with the ramp where it was."""
+        warmup = self.optim_cfg.warmup_steps
+        return self.optim_cfg.lr * (min(1.0, step / warmup) if warmup > 0 else 1.0)
+
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The current weights by name, as an engine's `load_weights` takes them (whole, also when sharded)."""
         yield from self.ranks.full_tensors(self.model)
@@ -119,6 +126,7 @@ class PolicyTrainer:
             f"is_ratio/{m}/mean": float(np.mean(sums["is_weight_mean"])),
             f"is_ratio/{m}/max": float(np.max(sums["is_weight_max"])),
             f"skipped_steps/{m}": float(self.skipped_steps),
+            f"lr/{m}": self.optimizer.param_groups[0]["lr"],
             f"tokens/{m}": float(sum(len(s.response_ids) for s in samples)),
         }
 
@@ -156,6 +164,8 @@ class PolicyTrainer:
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
         grad_norm = self.ranks.clip_grad_norm(self.params, clip)
         if math.isfinite(grad_norm):
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.learning_rate(self.optimizer_steps + 1)
             self.optimizer.step()
             self.optimizer_steps += 1
         else:
