@@ -145,7 +145,10 @@ def test_launcher_runs_the_pipeline_through_a_dead_rollout_and_a_dead_learner(tm
 
 def test_launcher_stops_everything_when_a_child_cannot_be_restarted(tmp_path, smoke_model):
     out = tmp_path / "run"
-    run = _Background(tmp_path, _drmas_run(out, "trainer.steps=1000", "pipeline.restarts.max_restarts=0"))
+    # no held-out evaluation (the test above checks it): it would cost this run a model load and a first
+    # generate in the launcher before any child starts
+    run = _Background(tmp_path, _drmas_run(out, "trainer.steps=1000", "pipeline.restarts.max_restarts=0",
+                                           "eval.n_problems=0"))
     try:
         run.wait_for(lambda: _logged_steps(out / "learner-policy" / "metrics.jsonl") > 0, "training under way")
         run.kill_child("rollout-0")

@@ -86,56 +86,6 @@ def test_processes_train_within_the_staleness_bound_and_a_restarted_learner_resu
     _check_buffer_accounting(out, steps, STEPS + 1)
 
 
-def test_strictly_on_policy_training_goes_on_through_bad_messages_to_the_buffer(tmp_path, smoke_model):
-    """pipeline.max_staleness=0 trains only on samples of the current weights. Meanwhile random bytes, a
-    wrong schema and an oversized message hit the live buffer from a rogue client; the buffer rejects and
-    counts each, and the rollout and learner train through it. (One pipeline for both: each costs ~15 s.)"""
-    import msgspec
-    import zmq
-
-    out = tmp_path / "run"
-    overrides = [*_overrides(out, 0, 2), "pipeline.buffer.max_message_bytes=200000"]
-    producer = next(o.split("=", 1)[1] for o in overrides if o.startswith("pipeline.buffer.producer_endpoint="))
-    procs = Processes(tmp_path)
-    context = zmq.Context()
-    rogue = context.socket(zmq.DEALER)
-    rogue.setsockopt(zmq.LINGER, 0)
-    try:
-        procs.start("buffer", "drmas.buffer.main", "--config", str(SMOKE), *overrides)
-        rogue.connect(producer)
-        for payload in (os.urandom(512), msgspec.msgpack.encode({"type": "Episode", "nonsense": [1, 2]}),
-                        b"\x00" * 300_000):
-            rogue.send(payload)
-        procs.start("rollout", "drmas.rollout.main", "--config", str(SMOKE), *overrides)
-        _learn(procs, "learner", overrides, time.monotonic() + BUDGET_S)
-        assert procs.stop("rollout", 10) == 0 and procs.stop("buffer", 10) == 0, procs.tails()
-    finally:
-        rogue.close()
-        context.term()
-        procs.kill_all()
-    steps = read_metrics(out / "learner-policy" / "metrics.jsonl")
-    assert [r["step"] for r in steps] == [1, 2]
-    assert all(r[f"staleness/{agent}/max"] == 0 for r in steps for agent in ("solver", "verifier"))
-    final = read_metrics(out / "buffer" / "metrics.jsonl")[-1]
-    rejected = {k.removeprefix("buffer/rejected/"): v for k, v in final.items() if k.startswith("buffer/rejected/")}
-    assert rejected.get("oversized", 0) >= 1, rejected
-    assert sum(rejected.values()) >= 3, rejected
-    _check_buffer_accounting(out, steps, 2)
-
-
-def test_endpoints_follow_the_config_and_port_zero_is_refused_outside_the_launcher():
-    cfg = load_config(SMOKE, ["models.judge={builtin: tiny}", "agents.verifier.model=judge",
-                              "pipeline.learner_base_port=7000", "pipeline.learner_hosts={judge: 10.0.0.2}"])
-    assert learner_address(cfg, "policy") == ("127.0.0.1", 7000)
-    assert learner_endpoint(cfg, "judge") == "tcp://10.0.0.2:7001"
-    require_fixed(cfg, buffer=True, learners=["policy", "judge"])
-    cfg = load_config(SMOKE, ["pipeline.learner_base_port=0", "pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:0"])
-    with pytest.raises(EndpointError, match="pipeline.buffer.consumer_endpoint"):
-        require_fixed(cfg, buffer=True)
-    with pytest.raises(EndpointError, match="policy"):
-        require_fixed(cfg, learners=["policy"])
-
-
 def _poison(group: str, kind: str):
     """A well-formed sample the buffer passes with `validate_samples=false` but the model cannot take."""
     from drmas.protocol import Sample
@@ -153,19 +103,35 @@ def _poison(group: str, kind: str):
                                policy_version=0, temperature=1.0, valid=True, reward=1.0)]
 
 
-def test_samples_the_model_cannot_take_are_dropped_and_the_learner_trains_on(tmp_path, smoke_model):
-    """A token id past the vocabulary, a prompt past the positions and a NaN log-prob reach the learner
-    (the buffer checks only routing fields here); each used to end the learner and with it the run."""
+def test_strictly_on_policy_training_goes_on_through_bad_messages_and_samples_the_model_cannot_take(tmp_path,
+                                                                                                  smoke_model):
+    """pipeline.max_staleness=0 trains only on samples of the current weights. Meanwhile random bytes, a
+    wrong schema and an oversized message hit the live buffer from a rogue client; the buffer rejects and
+    counts each. And a token id past the vocabulary, a prompt past the positions and a NaN log-prob reach the
+    learner (with validate_samples=false the buffer checks only routing fields); each used to end the
+    learner and with it the run, now each is dropped and counted. The rollout and learner train through all
+    of it. (One pipeline for the three: each costs ~15-20 s.)"""
+    import msgspec
+    import zmq
+
     from drmas.buffer import BufferProducer
 
     out = tmp_path / "run"
-    overrides = [*_overrides(out, 1, 2), "pipeline.buffer.validate_samples=false"]
-    producer_endpoint = next(o.split("=", 1)[1] for o in overrides if o.startswith("pipeline.buffer.producer_endpoint="))
+    overrides = [*_overrides(out, 0, 2), "pipeline.buffer.max_message_bytes=200000",
+                 "pipeline.buffer.validate_samples=false"]
+    producer = next(o.split("=", 1)[1] for o in overrides if o.startswith("pipeline.buffer.producer_endpoint="))
     procs = Processes(tmp_path)
+    context = zmq.Context()
+    rogue = context.socket(zmq.DEALER)
+    rogue.setsockopt(zmq.LINGER, 0)
     kinds = ("bad_token", "too_long", "non_finite")
     try:
         procs.start("buffer", "drmas.buffer.main", "--config", str(SMOKE), *overrides)
-        with BufferProducer(producer_endpoint, "poisoner", timeout_s=30) as poisoner:
+        rogue.connect(producer)
+        for payload in (os.urandom(512), msgspec.msgpack.encode({"type": "Episode", "nonsense": [1, 2]}),
+                        b"\x00" * 300_000):
+            rogue.send(payload)
+        with BufferProducer(producer, "poisoner", timeout_s=30) as poisoner:
             for kind in kinds:  # queued first, so the learner's first pull meets them
                 poisoner.send_episode(f"poison-{kind}", 1, *_poison(f"poison-{kind}", kind))
             poisoner.flush()
@@ -174,10 +140,29 @@ def test_samples_the_model_cannot_take_are_dropped_and_the_learner_trains_on(tmp
         _learn(procs, "learner", overrides, time.monotonic() + BUDGET_S)
         assert procs.stop("rollout", 10) == 0 and procs.stop("buffer", 10) == 0, procs.tails()
     finally:
+        rogue.close()
+        context.term()
         procs.kill_all()
     steps = read_metrics(out / "learner-policy" / "metrics.jsonl")
     assert [r["step"] for r in steps] == [1, 2]
+    assert all(r[f"staleness/{agent}/max"] == 0 for r in steps for agent in ("solver", "verifier"))
     assert all(steps[0].get(f"dropped/policy/{kind}") == 1 for kind in kinds), steps[0]
     final = read_metrics(out / "buffer" / "metrics.jsonl")[-1]
+    rejected = {k.removeprefix("buffer/rejected/"): v for k, v in final.items() if k.startswith("buffer/rejected/")}
+    assert rejected.get("oversized", 0) >= 1, rejected
+    assert sum(rejected.values()) >= 3, rejected
     assert all(final[f"buffer/learner_dropped/{kind}"] == 1 for kind in kinds)
     _check_buffer_accounting(out, steps, 2)
+
+
+def test_endpoints_follow_the_config_and_port_zero_is_refused_outside_the_launcher():
+    cfg = load_config(SMOKE, ["models.judge={builtin: tiny}", "agents.verifier.model=judge",
+                              "pipeline.learner_base_port=7000", "pipeline.learner_hosts={judge: 10.0.0.2}"])
+    assert learner_address(cfg, "policy") == ("127.0.0.1", 7000)
+    assert learner_endpoint(cfg, "judge") == "tcp://10.0.0.2:7001"
+    require_fixed(cfg, buffer=True, learners=["policy", "judge"])
+    cfg = load_config(SMOKE, ["pipeline.learner_base_port=0", "pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:0"])
+    with pytest.raises(EndpointError, match="pipeline.buffer.consumer_endpoint"):
+        require_fixed(cfg, buffer=True)
+    with pytest.raises(EndpointError, match="policy"):
+        require_fixed(cfg, learners=["policy"])
