@@ -31,30 +31,6 @@ def drmas_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("DRMAS_CACHE", None)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def one_torch_thread_per_process() -> Iterator[None]:
-    """One intra-op thread in this process and (through OMP_NUM_THREADS) in every child it starts, unless
-    OMP_NUM_THREADS is already set.
-
-    Tests start several torch processes at once on a small machine (a pipeline: buffer, learners, rollouts;
-    the test process itself computing beside them). With torch's default of one thread per core, their
-    OpenMP threads spin-wait on each other: priming a tiny model took 65 s for 30 steps beside one busy
-    process, 4 s with one thread."""
-    import torch
-
-    if "OMP_NUM_THREADS" in os.environ:
-        yield
-        return
-    threads = torch.get_num_threads()
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        os.environ.pop("OMP_NUM_THREADS", None)
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(drmas_cache: Path) -> Path:
     """The default tiny random model's HF directory (built once per session cache)."""
