@@ -279,6 +279,18 @@ def test_missing_file_names_the_key_and_the_path(tmp_path: Path) -> None:
         file_task(test=bad)
 
 
+def test_an_error_of_any_value_error_type_names_the_key() -> None:
+    """An error type that needs more than a message (json's, unicode's) still reaches the user with the key,
+    not as a TypeError from re-raising it."""
+    from drmas.tasks.files import load_split_files
+
+    def undecodable(path: str, split: str) -> list[Problem]:
+        raise json.JSONDecodeError("Expecting value", "{", 1)
+
+    with pytest.raises(ValueError, match=r"^task.test_file: Expecting value"):
+        load_split_files({"train": None, "test": "t.jsonl"}, undecodable)
+
+
 def test_drmas_run_refuses_a_bad_task_file_before_starting_any_process(tmp_path: Path, capsys) -> None:
     """The async launcher reads every data file before it starts the buffer, learners and rollouts: a typo in
     a path is one clear line and exit code 2, not a traceback after the held-out evaluation began."""

@@ -13,6 +13,7 @@ from typing import Callable, Mapping, Sequence
 
 from drmas import assembly
 from drmas.config.schema import DrmasConfig, EvalConfig
+from drmas.errors import naming_key
 from drmas.mas.base import EpisodeOutcome
 from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 from drmas.tasks.base import Problem, Task
@@ -61,7 +62,7 @@ def load_benchmarks(cfg: DrmasConfig, task: Task) -> dict[str, list[Problem]]:
             try:
                 benchmarks[name] = list(loader(path))
             except (FileNotFoundError, ValueError) as exc:
-                raise type(exc)(f"eval.benchmarks.{name}: {exc}") from None
+                raise naming_key(f"eval.benchmarks.{name}", exc) from None
     else:
         benchmarks = {cfg.task.name: list(task.split("test"))}
     if cfg.eval.max_questions:

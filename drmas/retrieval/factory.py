@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from drmas.errors import naming_key
 from drmas.retrieval.base import Passage, Retriever
 from drmas.retrieval.config import RetrievalConfig
 
@@ -40,7 +41,7 @@ def corpus_for(cfg: RetrievalConfig, task: Optional[object]) -> list[Passage]:
         try:
             return load_passages(cfg.corpus)
         except (FileNotFoundError, ValueError) as exc:  # name the key as well as the file and line
-            raise type(exc)(f"retrieval.corpus: {exc}") from exc
+            raise naming_key("retrieval.corpus", exc) from exc
     passages = getattr(task, "passages", None)
     if callable(passages):
         return list(passages())

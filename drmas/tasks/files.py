@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from drmas.config.schema import TaskConfig
+from drmas.errors import naming_key
 from drmas.jsonl import jsonl_records
 from drmas.tasks import TASKS
 from drmas.tasks.base import Problem
@@ -193,7 +194,7 @@ def load_split_files(
         try:
             splits[split] = load(path, split)
         except (FileNotFoundError, ValueError) as exc:
-            raise type(exc)(f"task.{split}_file: {exc}") from exc
+            raise naming_key(f"task.{split}_file", exc) from exc
     return splits
 
 
