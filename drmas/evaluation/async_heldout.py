@@ -16,6 +16,7 @@ from drmas import assembly, checkpoint
 from drmas.config.schema import DrmasConfig
 from drmas.evaluation.heldout import heldout_accuracy
 from drmas.rollout.episodes import EpisodeRunner
+from drmas.tasks.base import Task
 
 
 def final_checkpoint_dirs(cfg: DrmasConfig) -> dict[str, Path]:
@@ -30,10 +31,12 @@ def final_checkpoint_dirs(cfg: DrmasConfig) -> dict[str, Path]:
     return dirs
 
 
-def heldout_of_models(cfg: DrmasConfig, tag: str, model_dirs: Optional[dict[str, Path]] = None) -> dict[str, float]:
+def heldout_of_models(cfg: DrmasConfig, tag: str, model_dirs: Optional[dict[str, Path]] = None,
+                      task: Optional[Task] = None) -> dict[str, float]:
     """Accuracy and per-agent validity on the held-out problems, with `model_dirs` replacing the configured
-    weights of those models (None: every model as configured, i.e. before training)."""
-    task = assembly.build_task(cfg)
+    weights of those models (None: every model as configured, i.e. before training). `task`: the run's task
+    if already built (the launcher reads its data files once), else built here."""
+    task = task if task is not None else assembly.build_task(cfg)
     problems = list(task.split("test"))[: cfg.eval.n_problems]
     if not problems:
         return {}

@@ -102,6 +102,7 @@ class Supervisor(ABC):
         self.restarts = RestartBook(cfg.pipeline.restarts)
         self._print_lock = threading.Lock()
         self.config_file: Optional[Path] = None
+        self.task = None  # the task, built once by `_prepare` (its data files read) for both held-out evaluations
 
     # ---- what a backend provides ---------------------------------------------------------------------
     @abstractmethod
@@ -171,7 +172,7 @@ class Supervisor(ABC):
 
         cfg = self.cfg
         run_dir = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
-        assembly.build_task(cfg)  # reads every data file (cheap, so first): a bad path or row stops the run here
+        self.task = assembly.build_task(cfg)  # reads every data file (cheap, so first): a bad one stops the run here
         for model_id in cfg.models:
             assembly.model_path(cfg, model_id)  # build once, here, before the children need it
         self._check_machine()
@@ -190,7 +191,7 @@ class Supervisor(ABC):
         from drmas.evaluation.async_heldout import heldout_of_models
 
         self._say("launcher", f"held-out evaluation ({tag} training, {self.cfg.eval.n_problems} problems)")
-        result = heldout_of_models(self.cfg, tag, model_dirs)
+        result = heldout_of_models(self.cfg, tag, model_dirs, self.task)
         if not result:
             return None
         self._say("launcher", f"held-out accuracy {tag} training: {result['accuracy']:.3f}")
