@@ -30,7 +30,6 @@ import argparse
 import multiprocessing as mp
 import random
 import resource
-import socket
 import threading
 import time
 
@@ -221,12 +220,11 @@ def bench_raw(n_episodes: int, shape: tuple[int, int], decode: bool, hold_sample
     return total / elapsed
 
 
-def run_relay(front: str, back: str, in_python: bool, cpu: mp.Queue, stop: mp.Event) -> None:
+def run_relay(endpoints: mp.Queue, in_python: bool, cpu: mp.Queue, stop: mp.Event) -> None:
     """Forward every message from a PULL socket to a PUSH socket until `stop`; report the CPU it took."""
     context = zmq.Context()
     pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
-    pull.bind(front)
-    push.bind(back)
+    endpoints.put(tuple(f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}" for sock in (pull, push)))
     start = _cpu_s()
     if in_python:  # the leanest loop Python has: a blocking receive (timing out to look at `stop`), a send
         pull.rcvtimeo = 100
@@ -248,10 +246,10 @@ def run_relay(front: str, back: str, in_python: bool, cpu: mp.Queue, stop: mp.Ev
 
 def bench_relay(n_episodes: int, shape: tuple[int, int], in_python: bool) -> tuple[float, float]:
     """Samples/s of pre-encoded episodes through a relay process, and the relay's CPU microseconds per sample."""
-    front, back = (f"tcp://127.0.0.1:{_free_port()}" for _ in range(2))
-    cpu, stop, ready, go = mp.Queue(), mp.Event(), mp.Event(), mp.Event()
-    relay = mp.Process(target=run_relay, args=(front, back, in_python, cpu, stop))
+    endpoints, cpu, stop, ready, go = mp.Queue(), mp.Queue(), mp.Event(), mp.Event(), mp.Event()
+    relay = mp.Process(target=run_relay, args=(endpoints, in_python, cpu, stop))
     relay.start()
+    front, back = endpoints.get(timeout=60)
     sock = zmq.Context.instance().socket(zmq.PULL)
     sock.connect(back)
     producer = mp.Process(target=run_raw_producer, args=(front, n_episodes, shape, True, ready, go))
@@ -272,12 +270,6 @@ def bench_relay(n_episodes: int, shape: tuple[int, int], in_python: bool) -> tup
     spent = cpu.get(timeout=60)
     relay.join(60)
     return total / elapsed, spent / total * 1e6
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def bench_size(name: str, args: argparse.Namespace) -> None:
