@@ -34,7 +34,7 @@ $PY -m drmas.cli run --config configs/smoke_async.yaml "trainer.output_dir=$OUT_
 $PY - "$OUT_DIR" <<'EOF'
 import statistics, sys
 from pathlib import Path
-from drmas.metrics import read_metrics
+from drmas.runtime.metrics import read_metrics
 
 out = Path(sys.argv[1])
 for learner in sorted(out.glob("learner-*")):

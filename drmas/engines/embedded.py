@@ -207,8 +207,8 @@ class EmbeddedEngine:
     ) -> "EmbeddedEngine":
         """Build an engine from a local HF directory (the factory registered as engine 'embedded'), on
         `device` (a `models.<id>.device` setting)."""
-        from drmas.devices import resolve_device
-        from drmas.models import load_model
+        from drmas.models.devices import resolve_device
+        from drmas.models.loading import load_model
 
         if engine_args:
             raise ValueError(f"rollout.engine_args {sorted(engine_args)}: the embedded engine takes no engine "
