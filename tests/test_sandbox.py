@@ -20,7 +20,7 @@ from drmas.config.sandbox import SandboxConfig
 from drmas.tools import SandboxRequest, SandboxTool, SandboxUnavailable
 
 LIMITS = dict(timeout_s=1.5, cpu_s=5, memory_mb=256, max_processes=8, max_output_kb=64, max_file_mb=1,
-              max_open_files=32, workers=4, tail_chars=2000)
+              max_disk_mb=4, max_open_files=32, workers=4, tail_chars=2000)
 IS_ROOT = os.geteuid() == 0
 
 
@@ -127,6 +127,35 @@ def test_file_size_and_open_files_limits(tool):
     files = tool.run("handles = [open('f%d' % i, 'w') for i in range(100)]")
     assert big.status == "error" and "File too large" in big.stderr
     assert files.status == "error" and "Too many open files" in files.stderr
+
+
+def test_disk_is_capped_and_private_with_namespaces(tool):
+    """With a mount namespace the working directory and /tmp are tmpfs mounts of max_disk_mb each: a program
+    cannot fill the disk, and what it puts in /tmp or /dev/shm is gone with it."""
+    if tool.probe.network == "seccomp":
+        pytest.skip("no mount namespace on the seccomp path: only each file is capped")
+    assert tool.probe.confinement["disk"] == "tmpfs"  # wherever the namespaces are, the mounts work
+    marker = f"drmas-sandbox-test-{os.getpid()}-{time.monotonic_ns()}"
+    code = f"""
+import os
+for place in ('/tmp', '/dev/shm'):
+    open(os.path.join(place, '{marker}'), 'w').write('x')
+written = 0
+try:
+    for i in range(10):
+        open('part%d' % i, 'wb').write(b'x' * (1 << 20))
+        written += 1
+except OSError as exc:
+    print(exc.strerror, written)
+"""
+    result = tool.run(code)
+    assert result.status == "ok", result
+    reason, written = result.stdout.rsplit(" ", 1)
+    assert reason == "No space left on device" and int(written) == 4  # 4 MiB files of 1 MiB, then ENOSPC
+    assert not os.path.exists(f"/tmp/{marker}") and not os.path.exists(f"/dev/shm/{marker}")
+    if tool.probe.confinement["read_only_host"] and os.path.isdir("/var/tmp"):  # world-writable on the host
+        elsewhere = tool.run(f"open('/var/tmp/{marker}', 'w')")
+        assert "Read-only file system" in elsewhere.stderr and not os.path.exists(f"/var/tmp/{marker}")
 
 
 _BACKGROUND = """
@@ -243,7 +272,8 @@ def test_root_drops_to_a_uid_of_its_own(default_tool):
     uid, gid = map(int, result.stdout.split())
     base = default_tool.config.uid_base
     assert base <= uid < base + default_tool.config.workers and gid == uid
-    assert result.status == "error" and "PermissionError" in result.stderr
+    refused = "Read-only file system" if default_tool.probe.confinement.get("read_only_host") else "PermissionError"
+    assert result.status == "error" and refused in result.stderr
     assert not os.path.exists("/etc/drmas-sandbox-test")
 
 
@@ -332,9 +362,12 @@ def test_an_unprivileged_user(work_root, tmp_path):
         net = tool.run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)")
         forks = tool.run(_COUNT_FORKS)
         daemon = tool.run(_BACKGROUND.format(daemonise=True))
+        files = tool.run(SandboxRequest("open('out.txt', 'w').write('hi')", read_back=("out.txt",)))
     if tool.probe.network != "userns":
         pytest.skip(f"user namespaces are not available to an unprivileged user here ({tool.probe.network} held)")
     assert tool.probe.confinement["uid"] == 65534 and tool.probe.confinement["process_limit"] is True
+    assert tool.probe.confinement["disk"] == "tmpfs" and files.files == {"out.txt": "hi"}
+    assert tool.probe.confinement["read_only_host"] is True
     assert net.status == "error" and "Network is unreachable" in net.stderr
     errno, forked = map(int, forks.stdout.split())
     assert errno == 11 and 1 <= forked <= 8 - 1

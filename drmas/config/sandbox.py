@@ -36,6 +36,10 @@ class SandboxConfig(Section):
         16, "Processes the program may run at once, itself included (RLIMIT_NPROC of a uid of its own): a fork "
         "bomb gets EAGAIN. Not enforced when the program runs as root (`uid_base: null`).")
     max_file_mb: int = _f(16, "Largest file the program may write (RLIMIT_FSIZE, MiB); a longer write fails (EFBIG).")
+    max_disk_mb: int = _f(
+        64, "What the program may write (MiB), with namespaces: its working directory is a tmpfs of this size "
+        "and /tmp (with /dev/shm) another, both in memory and gone with the program (ENOSPC beyond). With the "
+        "seccomp fallback only each file is capped (max_file_mb), on the host's disk.")
     max_open_files: int = _f(64, "File descriptors of each process of the program (RLIMIT_NOFILE).")
     max_output_kb: int = _f(
         1024, "stdout and stderr together, KiB; a program that writes more is killed: status 'output_limit'.")
@@ -62,7 +66,7 @@ class SandboxConfig(Section):
     def problems(self, where: str) -> list[str]:
         found = []
         for key, least in (("workers", 1), ("cpu_s", 1), ("memory_mb", 16), ("max_processes", 1),
-                           ("max_file_mb", 1), ("max_open_files", 8), ("max_output_kb", 1), ("tail_chars", 0)):
+                           ("max_file_mb", 1), ("max_disk_mb", 1), ("max_open_files", 8), ("max_output_kb", 1), ("tail_chars", 0)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 found.append(f"{where}.{key}: must be an integer >= {least}, got {value!r}")

@@ -78,7 +78,7 @@ def run_program(
     workdir = tempfile.mkdtemp(prefix="drmas-sandbox-", dir=config.tmp_dir)
     try:
         _write(workdir, request, uid)
-        facts, streams = _launch(workdir, config, uid, closing)
+        facts, streams = _launch(workdir, config, uid, request.read_back, closing)
         files = _read_back(workdir, request.read_back, config.max_file_mb << 20)
     finally:
         _remove(workdir)
@@ -112,14 +112,15 @@ def _write(workdir: str, request: SandboxRequest, uid: Optional[int]) -> None:
         os.chown(workdir, uid, uid)  # mkdtemp made it 0700: the program's uid must own it
 
 
-def _launch(workdir: str, config: SandboxConfig, uid: Optional[int], closing: threading.Event):
+def _launch(workdir: str, config: SandboxConfig, uid: Optional[int], read_back: tuple[str, ...],
+            closing: threading.Event):
     read_fd, write_fd = os.pipe()
     spec = {
         "status_fd": write_fd, "main": MAIN, "timeout_s": float(config.timeout_s), "cpu_s": config.cpu_s,
         "memory_bytes": config.memory_mb << 20, "file_bytes": config.max_file_mb << 20,
         "open_files": config.max_open_files, "max_processes": config.max_processes,
         "network": list(config.network_isolation), "require_network_isolation": config.require_network_isolation,
-        "uid": uid, "gid": uid,
+        "uid": uid, "gid": uid, "disk_bytes": config.max_disk_mb << 20, "read_back": list(read_back),
     }
     try:
         launcher = subprocess.Popen(
