@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -315,7 +317,50 @@ def test_closing_kills_running_programs(work_root):
     runner.join(10)
     assert [r.status for r in results] == ["killed", "killed"] and time.monotonic() - started < 5
     assert _leftovers(tool) == [] and os.listdir(tool.config.tmp_dir) == []
-    assert tool.run("print(1)").status == "killed"  # closed: nothing runs any more
+    assert [r.status for r in tool.call_batch(["print(1)"])] == ["killed"]  # closed: nothing runs any more
+
+
+def _with_marker(marker: str) -> list[int]:
+    """Processes whose command line holds `marker` (a launcher's spec names the request's read-back files,
+    and the program is a fork of the launcher)."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                if marker.encode() in handle.read():
+                    found.append(int(name))
+        except OSError:
+            pass
+    return found
+
+
+def test_programs_die_with_the_drmas_process(tmp_path):
+    """A trainer killed outright (SIGKILL) takes its running programs along: the launchers get a parent-death
+    signal and kill theirs."""
+    marker = f"marker-{os.getpid()}-{time.monotonic_ns()}"
+    script = (
+        "from drmas.config.sandbox import SandboxConfig\n"
+        "from drmas.tools import SandboxRequest, SandboxTool\n"
+        f"tool = SandboxTool(SandboxConfig(timeout_s=60, tmp_dir={str(tmp_path)!r}))\n"
+        f"tool.run(SandboxRequest('import time\\ntime.sleep(60)', read_back=({marker!r},)))\n"
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        started = lambda: [pid for pid in _with_marker(marker) if pid != trainer.pid]  # noqa: E731
+        deadline = time.monotonic() + 20
+        while len(started()) < 2 and time.monotonic() < deadline:  # the launcher and the program (and reaper)
+            time.sleep(0.05)
+        assert len(started()) >= 2
+        trainer.kill()
+        trainer.wait()
+        deadline = time.monotonic() + 5
+        while _with_marker(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _with_marker(marker) == []
+    finally:
+        trainer.kill()
+        for pid in _with_marker(marker):
+            os.kill(pid, 9)
 
 
 def test_no_network_isolation_is_refused_or_reported(work_root, caplog):

@@ -67,6 +67,8 @@ class SandboxTool:
 
     def call_batch(self, requests: Sequence[Request]) -> list[SandboxResult]:
         """One result per request, in order; the programs run in parallel up to `workers` at a time."""
+        if self._closing.is_set():
+            return [self.run(request) for request in requests]  # each 'killed' (or 'rejected'), nothing runs
         return list(self._pool.map(self.run, requests))
 
     def run(self, request: Request) -> SandboxResult:
