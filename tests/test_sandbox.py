@@ -281,7 +281,7 @@ def test_root_drops_to_a_uid_of_its_own(default_tool):
 
 def test_files_in_and_out(tool):
     request = SandboxRequest(
-        code="import helper\nopen('out.txt', 'w').write(helper.greet())\nimport os\nos.symlink('/etc/hostname', 'link')",
+        code="import helper, os\nopen('out.txt', 'w').write(helper.greet())\nos.symlink('/etc/hostname', 'link')",
         files={"helper.py": "def greet():\n    return 'hi from helper'\n"},
         read_back=("out.txt", "link", "missing.txt"),
     )

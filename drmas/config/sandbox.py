@@ -65,8 +65,8 @@ class SandboxConfig(Section):
 
     def problems(self, where: str) -> list[str]:
         found = []
-        for key, least in (("workers", 1), ("cpu_s", 1), ("memory_mb", 16), ("max_processes", 1),
-                           ("max_file_mb", 1), ("max_disk_mb", 1), ("max_open_files", 8), ("max_output_kb", 1), ("tail_chars", 0)):
+        for key, least in (("workers", 1), ("cpu_s", 1), ("memory_mb", 16), ("max_processes", 1), ("max_file_mb", 1),
+                           ("max_disk_mb", 1), ("max_open_files", 8), ("max_output_kb", 1), ("tail_chars", 0)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 found.append(f"{where}.{key}: must be an integer >= {least}, got {value!r}")

@@ -185,7 +185,8 @@ def _copy_out(names: list[str], under: int, limit: int) -> None:
             if not stat.S_ISREG(os.fstat(source).st_mode):
                 continue
             data = handle.read(limit)
-        with open(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=under), "wb") as out:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+        with open(os.open(name, flags, 0o600, dir_fd=under), "wb") as out:
             out.write(data)
 
 

@@ -35,6 +35,9 @@ class SandboxUnavailable(RuntimeError):
 
 
 class SandboxTool:
+    """Orchestra tool: a batch of programs (a str, or a SandboxRequest with other files) -> one SandboxResult
+    each. Worker slot N runs its programs as uid `uid_base + N` when drmas runs as root."""
+
     def __init__(self, config: SandboxConfig, where: str = "sandbox") -> None:
         """`where`: the config key of `config` (e.g. ``system.sandbox``), named in every error."""
         problems = config.problems(where)
@@ -48,21 +51,16 @@ class SandboxTool:
             self._slots.put(slot)
         self._closing = threading.Event()
         self._pool = ThreadPoolExecutor(config.workers, thread_name_prefix="drmas-sandbox")
-        self.probe = self.run("pass")
+        self.probe = self.run("pass")  # how programs are confined here (`probe.confinement`), or why they cannot run
         if not self.probe.ok:
             self.close()
-            raise SandboxUnavailable(
-                f"{where}: the sandbox cannot run programs here: {self.probe.status}: {self.probe.detail}"
-                + (f"\n{self.probe.stderr}" if self.probe.stderr else "")
-                + ("" if self.probe.status != "sandbox_error" or "network" not in self.probe.detail else
-                   f" (set {where}.require_network_isolation: false to run without, or run where a network "
-                   "namespace or seccomp is available)")
-            )
-        how = {"none": "NOT isolated from the network"}.get(self.probe.network, f"network cut off by {self.probe.network}")
-        (log.warning if self.probe.network == "none" else log.info)(
-            "%s: %d workers; %s; limits: %g s wall, %d s CPU, %d MiB, %d processes%s", where, config.workers, how,
+            raise SandboxUnavailable(_unavailable(self.probe, where))
+        isolated = self.probe.network != "none"
+        (log.info if isolated else log.warning)(
+            "%s: %d workers; %s; limits: %g s wall, %d s CPU, %d MiB, %d processes%s", where, config.workers,
+            f"network cut off by {self.probe.network}" if isolated else "NOT isolated from the network",
             config.timeout_s, config.cpu_s, config.memory_mb, config.max_processes,
-            "" if self._root or os.geteuid() != 0 else " (NOT enforced: programs run as root)",
+            "" if self.probe.confinement.get("process_limit") else " (NOT enforced: programs run as root)",
         )
 
     def call_batch(self, requests: Sequence[Request]) -> list[SandboxResult]:
@@ -102,3 +100,13 @@ class SandboxTool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _unavailable(probe: SandboxResult, where: str) -> str:
+    text = f"{where}: the sandbox cannot run programs here: {probe.status}: {probe.detail}"
+    if probe.stderr:
+        text += "\n" + probe.stderr
+    if probe.status == "sandbox_error" and "network" in probe.detail:
+        text += (f" (set {where}.require_network_isolation: false to run programs with the network, or run where "
+                 "namespaces or seccomp are available)")
+    return text
