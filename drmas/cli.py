@@ -1,5 +1,5 @@
 """The `drmas` command line: `drmas run`, `drmas eval`, `drmas retriever serve`, `drmas config show|keys`,
-`drmas keys`, `drmas rollouts add|remove`."""
+`drmas keys`, `drmas rollouts add|remove`, `drmas new-system`."""
 
 from __future__ import annotations
 
@@ -32,8 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     from drmas.launch.elastic import add_parser as add_rollouts_parser
     from drmas.retrieval.cli import add_parser as add_retriever_parser
     from drmas.runtime.keys import add_parser as add_keys_parser
+    from drmas.scaffold import add_parser as add_new_system_parser
 
     add_eval_parser(sub)
+    add_new_system_parser(sub)
     add_retriever_parser(sub)
     add_keys_parser(sub)
     add_rollouts_parser(sub)
