@@ -190,3 +190,25 @@ def test_plugins_and_examples_import_only_drmas_api():
     offending = {str(f.relative_to(ROOT)): names for f in files
                  if (names := [n for n in _drmas_imports(f) if n != "drmas.api"])}
     assert offending == {}
+
+
+def test_drmas_eval_runs_a_plugin_system(tmp_path):
+    """`drmas eval` imports the config's plugins like every entry point: avg@k of the plugin's system, with the
+    behaviour of each agent, the scripted referee's turns included."""
+    import json
+
+    out = tmp_path / "eval"
+    assert main(["eval", "--config", str(TOY), "eval.k=1", "eval.max_questions=1", f"trainer.output_dir={out}",
+                 "logging.tensorboard=false"]) == 0
+    report = json.loads((out / "eval.json").read_text())
+    assert set(report["behaviour"]["sums"]["agents"]) == {"proposer", "referee", "checker"}
+
+
+def test_the_complete_example_of_docs_extending_is_the_tested_plugin():
+    """docs/extending.md shows the plugin and config trained here: each block marked `<!-- file: PATH -->`
+    equals that file."""
+    text = (ROOT / "docs" / "extending.md").read_text()
+    blocks = re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, re.DOTALL)
+    assert {path for path, _ in blocks} == {"tests/fixtures/plugins/toy_mas.py", "tests/fixtures/plugins/toy.yaml"}
+    for path, block in blocks:
+        assert block == (ROOT / path).read_text(), path
