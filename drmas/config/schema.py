@@ -2,8 +2,8 @@
 
 Each field's `help` metadata is what `drmas config keys` prints.
 The schema is plain dataclasses so OmegaConf can type-check YAML and command-line overrides against it.
-Sections with settings of their own module (buffer, weights, gpus, ray, restarts, retrieval) sit beside this
-one in `drmas.config`; the package imports nothing of drmas but `drmas.core`, so every process (and the
+Sections with settings of their own module (buffer, weights, gpus, ray, restarts, retrieval; the systems' and
+tasks' settings in sections.py, systems.py, tasks.py) sit beside this one in `drmas.config`; the package imports nothing of drmas but `drmas.core`, so every process (and the
 tools that only read a config) can load one without importing the subsystems it configures.
 """
 
