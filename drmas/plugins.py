@@ -16,8 +16,9 @@ syntax error, an exception while importing, a name it registers twice) is one Co
 the plugin, and `drmas run` exits 2 before any process starts. The buffer needs none of a plugin's code: it
 reads its config with `drmas.config.load_config` and does not import them.
 
-A file plugin is imported as a module named after its file (``my_mas.py`` -> ``my_mas``), so its settings
-dataclasses and anything it pickles resolve like a normal module's; its directory is appended to
+A file plugin is imported as a module named after its file (``my_mas.py`` -> ``my_mas``; a name another
+importable module has is refused, rather than shadowing it), so its settings dataclasses and anything it
+pickles resolve like a normal module's; its directory is appended to
 ``sys.path``, so modules beside it can be imported from it (appended: they never shadow an installed module).
 Importing is idempotent: a process that loads its config twice imports each plugin once.
 """
@@ -64,6 +65,10 @@ def import_file(path: Path):
             return existing
         raise ValueError(f"the module name {name!r} is taken by {getattr(existing, '__file__', None) or 'a built-in module'}"
                          "; rename the plugin file")
+    other = importlib.util.find_spec(name)  # not imported yet, but importable: the plugin would shadow it
+    if other is not None and Path(other.origin or "").resolve() != path.resolve():
+        raise ValueError(f"the module name {name!r} is taken by {other.origin or 'a namespace package'}; rename the "
+                         "plugin file")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     if str(path.parent) not in sys.path:

@@ -72,8 +72,12 @@ def _config_with(tmp_path: Path, source: str | None, entry: str = "./broken.py")
     (None, "./nowhere.py", r"plugins\[1\]: \./nowhere\.py .*: FileNotFoundError: no such file: .*nowhere\.py"),
     (None, "no_such_pkg.mas", r"plugins\[1\]: no_such_pkg\.mas: ModuleNotFoundError: No module named 'no_such_pkg'"),
     ("x = 1\n", "./1st-try.py", r"plugins\[1\]: \./1st-try\.py .*: ValueError: '1st-try\.py' cannot be a module name"),
+    ("x = 1\n", "./yaml.py", r"plugins\[1\]: \./yaml\.py .*: ValueError: the module name 'yaml' is taken by .*yaml.*; rename"),
+    ("x = 1\n", "./bm25s.py", r"plugins\[1\]: \./bm25s\.py .*: ValueError: the module name 'bm25s' is taken by .*"),
 ])
-def test_a_plugin_that_cannot_be_imported_is_one_error_naming_its_key(tmp_path, capsys, source, entry, expected):
+def test_a_plugin_that_cannot_be_imported_is_one_error_naming_its_key(tmp_path, capsys, monkeypatch, source, entry,
+                                                                      expected):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the directories of file plugins are appended to it
     assert main(["config", "show", "--config", str(_config_with(tmp_path, source, entry))]) == 2
     err = capsys.readouterr().err
     assert err.startswith("drmas: config error: plugins[1]: ") and len(err.strip().splitlines()) == 1, err

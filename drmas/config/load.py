@@ -102,14 +102,15 @@ def _plugins_of(origin: str, raw: Any, base: Path) -> list[PluginSpec]:
 def build_config(layers: Sequence[Layer]) -> DrmasConfig:
     """The layers merged over the schema's defaults, `system` and `task` typed by the settings class their
     name selects (`drmas.config.sections`), then validated."""
-    classes = _section_classes(layers)
+    chosen = _section_classes(layers)
+    classes = {section: cls for section, (_, cls) in chosen.items()}
     merged = OmegaConf.structured(DrmasConfig)
     for section, cls in classes.items():
         if OmegaConf.get_type(merged, section) is not cls:
             merged[section] = OmegaConf.structured(cls)
     for layer in layers:
         data = _drop_other_settings(layer.data, classes)
-        _check_keys(data, DrmasConfig, prefix="", origin=layer.origin, sections=classes)
+        _check_keys(data, DrmasConfig, prefix="", origin=layer.origin, sections=chosen)
         try:
             merged = OmegaConf.merge(merged, OmegaConf.create(data))
         except OmegaConfBaseException as exc:
@@ -123,9 +124,9 @@ def build_config(layers: Sequence[Layer]) -> DrmasConfig:
     return cfg
 
 
-def _section_classes(layers: Sequence[Layer]) -> dict[str, type]:
-    """`system` and `task` -> the settings class of the name the layers give them (the base class when no
-    imported module registered that name: the section then holds its name alone)."""
+def _section_classes(layers: Sequence[Layer]) -> dict[str, tuple[Any, type]]:
+    """`system` and `task` -> (the name the layers give them, its settings class: the base class when no
+    imported module registered that name, and the section then holds its name alone)."""
     defaults = DrmasConfig()
     classes = {}
     for section, registry in SECTIONS.items():
@@ -134,7 +135,7 @@ def _section_classes(layers: Sequence[Layer]) -> dict[str, type]:
             value = layer.data.get(section)
             if isinstance(value, dict) and "name" in value:
                 name = value["name"]
-        classes[section] = registry.of(name) or registry.base
+        classes[section] = (name, registry.of(name) or registry.base)
     return classes
 
 
@@ -216,9 +217,10 @@ def _parse_overrides(overrides: Sequence[str]) -> dict:
     return out
 
 
-def _check_keys(data: Any, schema: type, prefix: str, origin: str, sections: Optional[dict[str, type]] = None) -> None:
-    """Reject keys the schema does not know, suggesting the closest valid one. `sections`: the settings class
-    of `system` and `task` (top level only)."""
+def _check_keys(data: Any, schema: type, prefix: str, origin: str,
+                sections: Optional[dict[str, tuple[Any, type]]] = None, label: str = "") -> None:
+    """Reject keys the schema does not know, suggesting the closest valid one. `sections`: the chosen name and
+    settings class of `system` and `task` (top level only); `label` says whose settings `schema` is."""
     if not isinstance(data, dict):
         return
     fields = {f.name: f for f in dataclasses.fields(schema)}
@@ -229,9 +231,10 @@ def _check_keys(data: Any, schema: type, prefix: str, origin: str, sections: Opt
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
             valid = ", ".join(sorted(fields))
-            raise ConfigError(f"{origin}: unknown config key '{full}'{hint}; valid keys {_where(schema)}here: {valid}")
+            raise ConfigError(f"{origin}: unknown config key '{full}'{hint}; valid keys {label}here: {valid}")
         if sections and key in sections:
-            _check_keys(value, sections[key], f"{full}.", origin)
+            name, cls = sections[key]
+            _check_keys(value, cls, f"{full}.", origin, label=f"of {key} {name!r} ")
             continue
         sub = _dataclass_of(hints[key])
         if sub is not None:
@@ -241,15 +244,6 @@ def _check_keys(data: Any, schema: type, prefix: str, origin: str, sections: Opt
             if item_type is not None:
                 for name, item in value.items():
                     _check_keys(item, item_type, f"{full}.{name}.", origin)
-
-
-def _where(schema: type) -> str:
-    """'of system 'math' ' for the settings of a system or task, '' for any other section."""
-    for section, registry in SECTIONS.items():
-        if isinstance(schema, type) and issubclass(schema, registry.base):
-            name = schema.__dataclass_fields__["name"].default
-            return f"of {section} {name!r} " if schema is not registry.base else ""
-    return ""
 
 
 def _dataclass_of(tp: Any) -> type | None:
