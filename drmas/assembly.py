@@ -68,13 +68,15 @@ def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str,
 
 
 def build_engine(cfg: DrmasConfig, model_id: str, path: Path, seed: int):
-    """The configured engine (`rollout.engine`, `rollout.engine_args`) serving `model_id` from `path`."""
+    """The configured engine (`rollout.engine`, `rollout.engine_args`) serving `model_id` from `path`, in the
+    model's compute dtype (the precision its learner computes in, see `drmas.devices`)."""
     register_builtins()
     from drmas.engines import ENGINES
+    from drmas.models import compute_dtype
 
     factory = ENGINES.get(cfg.rollout.engine)
     mcfg = cfg.models[model_id]
-    return factory(model_id, path, mcfg.dtype, cfg.rollout.max_batch_size, seed,
+    return factory(model_id, path, compute_dtype(mcfg), cfg.rollout.max_batch_size, seed,
                    engine_args=dict(cfg.rollout.engine_args), device=mcfg.device)
 
 
