@@ -218,6 +218,7 @@ class LearnerWorker:
         scalars.update({
             f"version/{m}": float(self.version),
             f"weight_sync/{m}/seconds": report.seconds,
+            f"weight_sync/{m}/mb": report.bytes / 1e6,  # per rollout, in the engines' dtype (the compute dtype)
             f"weight_sync/{m}/receivers": float(len(report.receivers_ok)),
             f"weight_sync/{m}/dropped": float(len(report.receivers_dropped)),
             f"weight_sync/{m}/learner_sends": float(report.learner_sends),  # passes over the model (1: flat)
