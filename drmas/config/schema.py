@@ -274,8 +274,11 @@ class PipelineConfig:
     num_rollouts: int = _f(1, "Rollout processes `drmas run` launches (any number may be started by hand).")
     groups_in_flight: int = _f(
         0,
-        "GRPO groups one rollout process keeps generating at once, admission permitting "
-        "(0 = rollout.prompts_per_step).",
+        "GRPO groups one rollout process keeps generating at once, admission permitting. 0: enough to keep "
+        "every engine's batch full (rollout.max_batch_size rows for each model the rollout serves: "
+        "ceil(models x max_batch_size / group_size)), and at least rollout.prompts_per_step. Episodes wait "
+        "on one model at a time, so a rollout serving two models on one device fills both batches only "
+        "with twice the episodes of one.",
     )
     report_interval_s: float = _f(5.0, "Seconds between the metrics records of rollout and buffer processes.")
     buffer: BufferConfig = _f(BufferConfig, "The trajectory buffer and its clients (endpoints, capacity, CURVE keys).")
