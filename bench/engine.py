@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from drmas.config.schema import TinyModelConfig  # noqa: E402
 from drmas.engines.base import SamplingParams  # noqa: E402
 from drmas.engines.embedded import EmbeddedEngine  # noqa: E402
-from drmas.models import build_tiny_model, import_smollm2, load_model  # noqa: E402
+from drmas.models.loading import build_tiny_model, import_smollm2, load_model  # noqa: E402
 
 _QUESTIONS = [
     "What is {a} + {b}?",

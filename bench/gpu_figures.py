@@ -9,7 +9,7 @@ about arithmetic and bytes, not about what the model says). Each figure is one l
 
 - `build_s`: building that model primed with `--prime-steps` steps, on the device (`build_tiny_model`);
 - `gap_float32`, `gap_bfloat16`: the on-policy gap, max |learner - engine| log-prob per token, on the
-  engine's own samples, with both sides in that compute dtype (the precision contract, `drmas.devices`);
+  engine's own samples, with both sides in that compute dtype (the precision contract, `drmas.models.devices`);
 - `engine_tok_s` / `generate_tok_s` per batch: the embedded engine against transformers `generate()` on the
   same left-padded batch, `--new-tokens` tokens per row (EOS off, sampling on), medians of interleaved runs;
   also in bfloat16 (`_bf16`);
@@ -40,11 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine import hf_generate_fn, make_prompts  # noqa: E402
 
 from drmas.config.schema import AlgorithmConfig, OptimConfig, TinyModelConfig  # noqa: E402
+from drmas.config.weights import WeightSyncConfig  # noqa: E402
 from drmas.engines.base import SamplingParams  # noqa: E402
 from drmas.engines.embedded import EmbeddedEngine  # noqa: E402
 from drmas.learner.policy import PolicyTrainer  # noqa: E402
-from drmas.models import build_tiny_model, load_model  # noqa: E402
-from drmas.protocol import Sample  # noqa: E402
+from drmas.models.loading import build_tiny_model, load_model  # noqa: E402
+from drmas.core.sample import Sample  # noqa: E402
 
 
 def figure(name: str, value: float, unit: str, details: str = "") -> None:
@@ -81,7 +82,7 @@ def build(args, device: torch.device) -> Path:
     if args.prime_steps:
         cache = os.environ.get("DRMAS_CACHE")
         with tempfile.TemporaryDirectory() as tmp:
-            from drmas.models import smollm2_tokenizer_dir
+            from drmas.models.loading import smollm2_tokenizer_dir
 
             tokenizer = smollm2_tokenizer_dir()
             (Path(tmp) / "tokenizers").mkdir()
@@ -170,7 +171,7 @@ def _rollout(path: str, device: str, dtype: str, endpoint: str, done: mp.Queue, 
             torch.cuda.synchronize()
         done.put(version)
 
-    with WeightReceiver(endpoint, "r0", apply, background=True, join_retry_s=0.1):
+    with WeightReceiver(endpoint, "r0", apply, background=True, config=WeightSyncConfig(join_retry_s=0.1)):
         stop.get()
 
 
@@ -183,7 +184,7 @@ def pushes(path: Path, device: torch.device, args) -> None:
     context = mp.get_context("spawn")
     for dtype in ("float32", "bfloat16"):
         applied, stop = context.Queue(), context.Queue()
-        with WeightSender("127.0.0.1", timeout_s=120.0, backend="gloo", device=device,
+        with WeightSender("127.0.0.1", config=WeightSyncConfig(timeout_s=120.0, backend="gloo"), device=device,
                           dtype=getattr(torch, dtype)) as sender:
             child = context.Process(target=_rollout, args=(str(path), str(device), dtype, sender.endpoint, applied, stop))
             child.start()

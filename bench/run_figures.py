@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from drmas.metrics import read_metrics  # noqa: E402
+from drmas.runtime.metrics import read_metrics  # noqa: E402
 
 
 def figure(name: str, value: float, unit: str, details: str = "") -> None:

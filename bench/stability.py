@@ -48,8 +48,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stability_stats import (measured_second_moment, over_seeds, predicted_second_moment,  # noqa: E402
-                             set_view, spike_share)
+from stability_stats import measured_second_moment, over_seeds, predicted_second_moment, set_view, spike_share  # noqa: E402
 
 MODES = ("agent", "global", "step_global")
 SETTINGS = {
@@ -96,7 +95,7 @@ def train_one(config: str, mode: str, seed: int, steps: int, overrides: list[str
     """Train one (mode, seed) run colocated and return its figures and per-step series."""
     from drmas.colocated import ColocatedRun
     from drmas.config import load_config
-    from drmas.metrics import read_metrics
+    from drmas.runtime.metrics import read_metrics
 
     cfg = load_config(config, [*overrides, f"algorithm.normalization={mode}", f"trainer.seed={seed}",
                                f"trainer.steps={steps}", f"trainer.output_dir={out}", "trainer.overwrite=true",

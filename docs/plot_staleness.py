@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from drmas.metrics import read_metrics
+from drmas.runtime.metrics import read_metrics
 
 
 def main() -> None:

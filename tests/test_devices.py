@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from drmas.config import ConfigError, load_config
-from drmas.devices import compute_autocast, resolve_device
+from drmas.models.devices import compute_autocast, resolve_device
 from drmas.weights.transport import resolve_backend
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
@@ -53,7 +53,7 @@ def test_a_run_asking_for_a_gpu_that_is_not_there_exits_with_a_message(tmp_path)
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_learner_ranks_beyond_the_machine_are_refused_naming_the_key():
-    from drmas.devices import check_ranks
+    from drmas.models.devices import check_ranks
 
     cores = len(os.sched_getaffinity(0))
     check_ranks("cpu", cores, "models.policy.ranks")  # one rank per core fits
@@ -65,7 +65,7 @@ def test_learner_ranks_beyond_the_machine_are_refused_naming_the_key():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_learner_ranks_over_several_nodes_need_only_this_nodes_share(monkeypatch):
-    from drmas.devices import check_ranks
+    from drmas.models.devices import check_ranks
 
     cores = len(os.sched_getaffinity(0))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))  # torchrun --nnodes 2 --nproc-per-node <cores>

@@ -319,7 +319,7 @@ def test_checkpoint_without_the_trained_model_exits_2_but_a_frozen_model_loads_f
     assert "trained model 'policy'" in err and str(empty / "policy") in err
 
     from drmas.config import load_config
-    from drmas.models import build_tiny_model
+    from drmas.models.loading import build_tiny_model
 
     cfg = load_config(SMOKE, ["models.policy.trainable=false", f"trainer.output_dir={tmp_path / 'out'}"])
     ev = prepare(cfg, empty)
@@ -360,7 +360,7 @@ def _async_checkpoints(run: Path, model, complete: dict[str, list[int]],
                        torn: Optional[dict[str, list[int]]] = None) -> None:
     """Write learner checkpoints the way an async run does: `<run>/learner-<m>/checkpoints/step_<N>/<m>/`
     (a torn one lacks its COMPLETE marker, as when a learner dies mid-save)."""
-    from drmas.checkpoint import save_checkpoint
+    from drmas.models.checkpoint import save_checkpoint
 
     for marked, checkpoints in ((True, complete), (False, torn or {})):
         for model_id, steps in checkpoints.items():
@@ -432,7 +432,7 @@ def test_run_directory_without_a_complete_checkpoint_exits_2_and_frozen_models_c
     err = capsys.readouterr().err
     assert "no complete checkpoint of trained model 'judge'" in err and str(run / "learner-judge/checkpoints") in err
 
-    from drmas.models import build_tiny_model
+    from drmas.models.loading import build_tiny_model
 
     cfg = _two_model_config(tmp_path / "out", "models.judge.trainable=false")
     ev = prepare(cfg, run)

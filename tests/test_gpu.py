@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from cli_run import run_cli
-from drmas.metrics import read_metrics
+from drmas.runtime.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = os.environ.get("DRMAS_GPU_TIER_DEVICE", "cuda")
@@ -53,7 +53,7 @@ def _engine_and_trainer(model_dir: Path, compute: torch.dtype):
     from drmas.config.schema import AlgorithmConfig, OptimConfig
     from drmas.engines.embedded import EmbeddedEngine
     from drmas.learner.policy import PolicyTrainer
-    from drmas.models import load_model
+    from drmas.models.loading import load_model
 
     device = torch.device(DEVICE)
     model, tokenizer = load_model(model_dir, dtype=str(compute).removeprefix("torch."), device=device)
@@ -64,7 +64,7 @@ def _engine_and_trainer(model_dir: Path, compute: torch.dtype):
 
 def _samples(engine, n: int = 12):
     from drmas.engines.base import SamplingParams
-    from drmas.protocol import Sample
+    from drmas.core.sample import Sample
 
     prompts = [engine.tokenizer(f"question {i}: " + "how many apples are left? " * (1 + i % 3))["input_ids"]
                for i in range(n)]
@@ -101,7 +101,7 @@ def test_async_smoke_with_every_model_on_cuda(tmp_path):
 
 def test_engine_log_probs_are_the_learners_on_the_same_weights(tiny_model_dir):
     """float32 on both sides (the default contract): within 1e-3 per token. bfloat16 on both sides: reported
-    (it cannot meet 1e-3, see drmas.devices), and still a rounding difference."""
+    (it cannot meet 1e-3, see drmas.models.devices), and still a rounding difference."""
     gaps = {}
     for compute in (torch.float32, torch.bfloat16):
         engine, trainer = _engine_and_trainer(tiny_model_dir, compute)
@@ -114,15 +114,16 @@ def test_engine_log_probs_are_the_learners_on_the_same_weights(tiny_model_dir):
 
 @pytest.mark.parametrize("compute", [torch.float32, torch.bfloat16])
 def test_a_push_from_cuda_parameters_into_an_engine_on_the_gpu(tiny_model_dir, compute):
+    from drmas.config.weights import WeightSyncConfig
     from drmas.weights import WeightReceiver, WeightSender
 
     engine, trainer = _engine_and_trainer(tiny_model_dir, compute)
     with torch.no_grad():
         for p in trainer.model.parameters():
             p.add_(torch.randn_like(p) * 1e-3)
-    with WeightSender("127.0.0.1", timeout_s=30.0, backend="gloo", device=torch.device(DEVICE),
-                      dtype=compute) as sender, \
-            WeightReceiver(sender.endpoint, "r0", engine.load_weights, background=True, join_retry_s=0.1) as rec:
+    config = WeightSyncConfig(timeout_s=30.0, backend="gloo", join_retry_s=0.1)
+    with WeightSender("127.0.0.1", config=config, device=torch.device(DEVICE), dtype=compute) as sender, \
+            WeightReceiver(sender.endpoint, "r0", engine.load_weights, background=True, config=config) as rec:
         deadline = time.monotonic() + 30
         while not rec.connected and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -150,10 +151,10 @@ def test_learner_ranks_on_two_gpus(tmp_path):
 def test_a_bfloat16_checkpoint_round_trip(tiny_model_dir, tmp_path):
     """bfloat16 weights and AdamW state on the GPU are saved and restored bit for bit (trainer state), and
     the HF directory of the checkpoint loads back as the same bfloat16 weights."""
-    from drmas import checkpoint
+    from drmas.models import checkpoint
     from drmas.config.schema import AlgorithmConfig, OptimConfig
     from drmas.learner.policy import PolicyTrainer
-    from drmas.models import load_model
+    from drmas.models.loading import load_model
 
     device = torch.device(DEVICE)
     model, tokenizer = load_model(tiny_model_dir, dtype="bfloat16", device=device)

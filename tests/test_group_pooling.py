@@ -16,11 +16,11 @@ import pytest
 from buffer_harness import clients, make_buffer, wait_until  # noqa: F401  (fixtures)
 
 from drmas.config.schema import AlgorithmConfig
+from drmas.core.sample import Sample
 from drmas.learner.advantage import compute_advantages
 from drmas.learner.batch import GroupCollector, group_advantages
 from drmas.learner.running_stats import AgentRewardStats
-from drmas.process import StopFlag
-from drmas.protocol import Sample
+from drmas.runtime.process import StopFlag
 
 AGENT_MODELS = {"solver": "m", "verifier": "m", "reviser": "other"}  # the critic is frozen: no learner, no queue
 FROZEN = "critic"

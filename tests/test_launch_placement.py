@@ -12,6 +12,7 @@ from drmas.config import load_config
 from drmas.config.load import to_yaml
 from drmas.launch.placement import add_run_keys, key_files, localize, place_endpoints
 from drmas.launch.ray_host import ProcessHost
+from drmas.runtime.netsec import client_keys, server_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE_ASYNC = ROOT / "configs" / "smoke_async.yaml"
@@ -58,7 +59,7 @@ def test_spread_endpoints_get_node_addresses_and_run_keys_that_travel(tmp_path):
     local = load_config(localize(to_yaml(placed), str(driver_keys), files, node))
     buf = local.pipeline.buffer
     assert all(str(node / "keys") in getattr(buf, f) for f in ("curve_server_secret_file", "curve_client_secret_file"))
-    server, client = buf.server_curve(), buf.client_curve()
+    server, client = server_keys(buf), client_keys(buf)
     assert client.public in server.allowed_clients and client.server_public == server.public
     assert (node / "keys" / "server" / "server.key_secret").stat().st_mode & 0o077 == 0
     # keys the user configured are theirs: none are generated over them

@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_run import run_cli
+from pipeline_harness import smoke_async_models  # noqa: F401  (a fixture)
 
 from drmas import assembly
 from drmas.config import load_config
 from drmas.launch.local import assign_ports
-from drmas.metrics import read_metrics
-from cli_run import run_cli
-from pipeline_harness import smoke_async_models  # noqa: F401  (a fixture)
+from drmas.runtime.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -175,8 +175,8 @@ def test_smoke_async_trains_two_models_one_of_them_on_two_learner_ranks(tmp_path
     rollouts; with models.solver_model.ranks=2 drmas run starts the solver's learner as 2 FSDP2 ranks under
     torchrun: rank 0 trains with the buffer and the rollouts, and its checkpoint is a plain HF directory.
     (One run for both: each `drmas run` of this config costs over a minute of the suite.)"""
-    from drmas.checkpoint import latest_checkpoint
-    from drmas.models import load_model
+    from drmas.models.checkpoint import latest_checkpoint
+    from drmas.models.loading import load_model
 
     out = tmp_path / "run"
     command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke_async.yaml"),

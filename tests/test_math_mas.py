@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from scripted_episode import Transcript, agents_asked  # noqa: F401
+from scripted_episode import drive as _drive
 
 from drmas.config.schema import SystemConfig
 from drmas.mas import ORCHESTRAS, AgentTurn
 from drmas.mas.agents import AGENT_ROLES, SolverAgent, TeamContext, VerifierAgent
 from drmas.mas.math import MathOrchestra
 from drmas.tasks.base import Problem
-from scripted_episode import Transcript, agents_asked  # noqa: F401
-from scripted_episode import drive as _drive
 
 PROBLEM = Problem("p0", "Mia has 7 apples and buys 5 more. How many apples does she have now?", "12")
 ROLES = {"solver": "alice", "verifier": "bob"}

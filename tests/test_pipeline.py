@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from pipeline_harness import SMOKE, Processes, smoke_model  # noqa: F401
+from pipeline_harness import pipeline_overrides as _overrides
 
 from drmas.config import load_config
-from drmas.endpoints import EndpointError, learner_address, learner_endpoint, require_fixed
-from drmas.metrics import read_metrics
-from pipeline_harness import SMOKE, Processes, pipeline_overrides as _overrides, smoke_model  # noqa: F401
+from drmas.runtime.endpoints import EndpointError, learner_address, learner_endpoint, require_fixed
+from drmas.runtime.metrics import read_metrics
 
 MAX_STALENESS = 1
 STEPS = 3
@@ -88,7 +89,7 @@ def test_processes_train_within_the_staleness_bound_and_a_restarted_learner_resu
 
 def _poison(group: str, kind: str):
     """A well-formed sample the buffer passes with `validate_samples=false` but the model cannot take."""
-    from drmas.protocol import Sample
+    from drmas.core.sample import Sample
 
     prompt, response, logprobs = [1, 2, 3], [4, 5], [-0.5, -0.5]
     if kind == "bad_token":

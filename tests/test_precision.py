@@ -1,4 +1,4 @@
-"""The precision contract (`models.<id>.compute_dtype`, `drmas.devices`) on CPU: the engine generates in
+"""The precision contract (`models.<id>.compute_dtype`, `drmas.models.devices`) on CPU: the engine generates in
 the dtype the learner computes in, pushes carry that dtype (bfloat16: half the bytes of float32), and the
 on-policy gap between the two sides' log-probs is tight in float32."""
 
@@ -17,8 +17,9 @@ from drmas.config.schema import AlgorithmConfig, OptimConfig
 from drmas.engines.base import SamplingParams
 from drmas.engines.embedded import EmbeddedEngine
 from drmas.learner.policy import PolicyTrainer
-from drmas.models import load_model
-from drmas.protocol import Sample
+from drmas.models.loading import load_model
+from drmas.core.sample import Sample
+from drmas.config.weights import WeightSyncConfig
 from drmas.weights import WeightReceiver, WeightSender
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
@@ -69,8 +70,9 @@ def test_a_bfloat16_push_sends_half_the_bytes_and_the_engine_gets_what_it_holds(
     engine = EmbeddedEngine("m", model, tokenizer)
     reports = {}
     for dtype in (None, torch.bfloat16):
-        with WeightSender("127.0.0.1", timeout_s=20.0, dtype=dtype) as sender, \
-                WeightReceiver(sender.endpoint, "r0", engine.load_weights, background=True, join_retry_s=0.1) as rec:
+        config = WeightSyncConfig(timeout_s=20.0, join_retry_s=0.1)
+        with WeightSender("127.0.0.1", config=config, dtype=dtype) as sender, \
+                WeightReceiver(sender.endpoint, "r0", engine.load_weights, background=True, config=config) as rec:
             deadline = time.monotonic() + 30
             while not rec.connected and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -86,7 +88,7 @@ def test_colocated_run_in_bfloat16_compute(tmp_path: Path, tiny_model_dir: Path)
     """The whole colocated loop with compute_dtype=bfloat16: the learner autocasts, the engine serves
     bfloat16, the pushes cast; the on-policy gap is logged and finite."""
     from drmas.colocated import ColocatedRun
-    from drmas.metrics import read_metrics
+    from drmas.runtime.metrics import read_metrics
 
     cfg = load_config(SMOKE, [f"models.policy.path={tiny_model_dir}", "models.policy.compute_dtype=bfloat16",
                               f"trainer.output_dir={tmp_path / 'run'}", "trainer.steps=2", "eval.n_problems=0"])

@@ -17,11 +17,12 @@ import pytest
 
 pytest.importorskip("ray")
 
-from drmas.metrics import read_metrics  # noqa: E402
-from drmas.netsec import is_loopback_host  # noqa: E402
 from cli_run import run_cli  # noqa: E402
 from pipeline_harness import smoke_async_models  # noqa: E402,F401  (a fixture)
 from test_launcher import ASYNC, _Background, _gone  # noqa: E402
+
+from drmas.runtime.metrics import read_metrics  # noqa: E402
+from drmas.runtime.netsec import is_loopback_host  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTED = re.compile(r"\[launcher\] started (\S+) \(pid (\d+) on \S+, actor pid (\d+)\)")

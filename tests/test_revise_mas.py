@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from scripted_episode import agents_asked, drive
 
-from drmas.assembly import build_orchestra, register_builtins
+from drmas.assembly import build_orchestra
 from drmas.config.schema import SystemConfig, TaskConfig
 from drmas.mas import ORCHESTRAS
 from drmas.mas.revise import ReviseOrchestra, checker_feedback
 from drmas.tasks import build_task
-from scripted_episode import agents_asked, drive
 
 ROLES = {"solver": "sol", "reviser": "rev"}
 TASK = build_task(TaskConfig(name="arithmetic", seed=0, n_train=8, n_test=2, max_value=6, operations="+"))
@@ -60,7 +60,6 @@ def test_one_attempt_means_solver_only() -> None:
 
 
 def test_registered_and_built_from_a_config_naming_missing_roles() -> None:
-    register_builtins()
     assert ORCHESTRAS.get("math_revise") is ReviseOrchestra
     from drmas.config import load_config
 

@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 
 import pytest
+from scripted_episode import Transcript, agents_asked  # noqa: F401
+from scripted_episode import drive as _drive
 
 from drmas.config.schema import SystemConfig
 from drmas.mas import ORCHESTRAS, AgentTurn
@@ -32,8 +34,6 @@ from drmas.mas.search_agents import (
 from drmas.retrieval.base import Passage
 from drmas.retrieval.bm25 import BM25Retriever
 from drmas.tasks.base import Problem
-from scripted_episode import Transcript, agents_asked  # noqa: F401
-from scripted_episode import drive as _drive
 
 PASSAGES = [
     Passage("w0", "Orla Fenwick\nOrla Fenwick is a sculptor. She was born in Brackwater and works for Duneglass."),

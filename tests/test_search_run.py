@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from drmas.cli import main as drmas_main
-from drmas.metrics import read_metrics
+from drmas.runtime.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 SEARCH_SMOKE = ROOT / "configs" / "search_smoke.yaml"

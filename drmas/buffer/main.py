@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from drmas.process import StopFlag, add_log_file, config_parser, load_or_exit, setup_logging
+from drmas.runtime.process import StopFlag, add_log_file, config_parser, load_or_exit, setup_logging
 
 log = logging.getLogger("drmas.buffer")
 
@@ -45,12 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_or_exit("drmas-buffer", args.config, args.overrides)
     setup_logging("buffer")
     stop = StopFlag()
-    from drmas import assembly
     from drmas.buffer.server import TrajectoryBuffer
-    from drmas.endpoints import EndpointError, require_fixed
-    from drmas.metrics import MetricsWriter
+    from drmas.config.derived import trained_agent_models
+    from drmas.runtime.endpoints import EndpointError, require_fixed
+    from drmas.runtime.metrics import MetricsWriter
 
-    agent_models = assembly.trained_agent_models(cfg)
+    agent_models = trained_agent_models(cfg)
     try:
         require_fixed(cfg, buffer=True)
         buffer = TrajectoryBuffer(

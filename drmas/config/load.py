@@ -16,11 +16,9 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from drmas.config.errors import ConfigError
 from drmas.config.schema import DrmasConfig
-
-
-class ConfigError(ValueError):
-    """A configuration mistake; the message names the key and what is wrong."""
+from drmas.config.validate import validate_config
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DrmasConfig:
@@ -41,16 +39,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         except TypeError:  # OmegaConf's "Cannot merge incompatible container types" names no key: find it
             key, expected, got = _container_mismatch(data, merged) or ("?", "another type", "a container")
             raise ConfigError(f"{origin}: bad value for '{key}': expected {expected}, got {got}") from None
-    try:
-        cfg: DrmasConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
-    except ValueError as exc:
-        # WeightSyncConfig checks itself on construction and names its fields `weights.<field>`
-        message = _first_line(exc)
-        if message.startswith("weights."):
-            message = "pipeline." + message
-        raise ConfigError(f"invalid config: {message}") from None
-    from drmas.config.validate import validate_config
-
+    cfg: DrmasConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     validate_config(cfg)
     return cfg
 

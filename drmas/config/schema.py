@@ -2,20 +2,34 @@
 
 Each field's `help` metadata is what `drmas config keys` prints.
 The schema is plain dataclasses so OmegaConf can type-check YAML and command-line overrides against it.
+Sections with settings of their own module (buffer, weights, gpus, ray, restarts, retrieval) sit beside this
+one in `drmas.config`; the package imports nothing of drmas but `drmas.core`, so every process (and the
+tools that only read a config) can load one without importing the subsystems it configures.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from drmas.buffer.config import BufferConfig
-from drmas.fields import help_field as _f
-from drmas.launch.gpus import GpuPlanConfig
-from drmas.launch.ray_config import RayConfig
-from drmas.restarts import RestartConfig
-from drmas.retrieval.config import RetrievalConfig
-from drmas.weights.config import WeightSyncConfig
+from drmas.config.buffer import BufferConfig
+from drmas.config.fields import help_field as _f
+from drmas.config.gpus import GpuPlanConfig
+from drmas.config.ray import RayConfig
+from drmas.config.restarts import RestartConfig
+from drmas.config.retrieval import RetrievalConfig
+from drmas.config.weights import WeightSyncConfig
+
+# The choices of the settings below, defined once: the checks (`drmas.config.validate`) and the code that
+# acts on a setting both use these.
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny")
+DTYPES = ("float32", "bfloat16")
+DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # models.<id>.device
+NORMALIZATIONS = ("agent", "global", "step_global")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+ANSWER_EXTRACTIONS = ("boxed", "flexible")
+PIPELINE_MODES = ("colocated", "async")
 
 
 @dataclass

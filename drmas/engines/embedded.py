@@ -23,7 +23,7 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from drmas.devices import exact_float32
+from drmas.models.devices import exact_float32
 from drmas.engines import ENGINES
 from drmas.engines.base import Generation, SamplingParams, check_request
 from drmas.engines.decode_batch import DecodeBatch, Row, StopStrings
@@ -87,8 +87,8 @@ class EmbeddedEngine:
     ) -> "EmbeddedEngine":
         """Build an engine from a local HF directory (the factory registered as engine 'embedded'), with its
         weights in `dtype` (the model's compute precision) on `device` (a `models.<id>.device` setting)."""
-        from drmas.devices import resolve_device
-        from drmas.models import load_model
+        from drmas.models.devices import resolve_device
+        from drmas.models.loading import load_model
 
         if engine_args:
             raise ValueError(f"rollout.engine_args {sorted(engine_args)}: the embedded engine takes no engine "

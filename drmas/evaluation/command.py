@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from drmas import assembly, checkpoint as run_checkpoint
+from drmas import assembly
 from drmas.config.schema import DrmasConfig
 from drmas.evaluation import outputs, resume
 from drmas.evaluation.behaviour import behaviour_stats
@@ -31,6 +31,7 @@ from drmas.evaluation.sampling import (
     sample_benchmark,
     validate_eval_config,
 )
+from drmas.models import checkpoint as run_checkpoint
 from drmas.rollout.episodes import EpisodeRunner
 from drmas.tasks.base import Problem
 
@@ -179,7 +180,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> int:
     """Run `drmas eval`; exit code 2 (and a message on stderr) for a config, path or data mistake."""
-    from drmas.config import ConfigError, load_config
+    from drmas.assembly import load_config
+    from drmas.config import ConfigError
 
     try:
         cfg = load_config(args.config, args.overrides)

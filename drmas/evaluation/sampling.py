@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Sequence
 
 from drmas import assembly
 from drmas.config.schema import DrmasConfig, EvalConfig
-from drmas.errors import naming_key
+from drmas.core.errors import naming_key
 from drmas.mas.base import EpisodeOutcome
 from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 from drmas.tasks.base import Problem, Task

@@ -27,10 +27,10 @@ from urllib.parse import urlsplit
 
 from drmas import assembly
 from drmas.config.schema import DrmasConfig
-from drmas.devices import check_ranks
-from drmas.endpoints import learner_address
 from drmas.launch.gpus import GpuAssignment, visible_gpus
 from drmas.launch.supervisor import Child, Supervisor
+from drmas.models.devices import check_ranks
+from drmas.runtime.endpoints import learner_address
 
 
 def assign_ports(cfg: DrmasConfig) -> DrmasConfig:

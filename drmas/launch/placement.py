@@ -5,7 +5,7 @@ the buffer and every learner report their node's address and free ports chosen *
 on the driver's machine says nothing about another node), and `place_endpoints` writes them into the config
 every process then loads (buffer first, then learners; rollouts only connect). When any endpoint is not
 loopback the run's sockets are reachable from the network, where the buffer and the learners refuse to
-listen without CURVE (`drmas.netsec`), so `add_run_keys` generates one key set for the run (unless the
+listen without CURVE (`drmas.runtime.netsec`), so `add_run_keys` generates one key set for the run (unless the
 config names keys already) and every process gets it: a cluster node need not share a filesystem with the
 driver, so key files travel as text (`key_files`) and each host writes them next to its copy of the config
 (`localize`).
@@ -19,9 +19,9 @@ from typing import Callable, Mapping, Optional
 from urllib.parse import urlsplit
 
 from drmas.config.schema import DrmasConfig
-from drmas.endpoints import learner_address
-from drmas.keys import KEY_FIELDS, generate_keys
-from drmas.netsec import is_local_endpoint, is_loopback_host
+from drmas.runtime.endpoints import learner_address
+from drmas.runtime.keys import KEY_FIELDS, generate_keys
+from drmas.runtime.netsec import is_local_endpoint, is_loopback_host
 
 LOOPBACK = "127.0.0.1"
 BUFFER_ENDPOINTS = ("producer_endpoint", "consumer_endpoint")

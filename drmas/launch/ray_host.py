@@ -24,7 +24,7 @@ from typing import Optional
 
 from drmas.launch.local import child_command, free_ports, popen_session, pump_lines
 from drmas.launch.placement import localize
-from drmas.process import die_with_parent
+from drmas.runtime.process import die_with_parent
 
 
 class ProcessHost:

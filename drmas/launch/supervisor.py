@@ -4,14 +4,14 @@ A launcher (local OS processes, Ray actors, ...) differs only in *where* a proce
 endpoints are found; the rest is one policy, kept here so both behave alike:
 
 * the output directory is claimed (refusing one that holds another run unless resuming or overwriting, see
-  `drmas.run_dir`) and every model is built once up front (children would otherwise all build the same
+  `drmas.runtime.run_dir`) and every model is built once up front (children would otherwise all build the same
   cached model at once); a model or directory it cannot use ends the run here, with a message (exit 2),
   before any process starts,
 * held-out problems are scored with the initial models before anything starts and with the learners' final
   checkpoints after they finish (`eval.n_problems`; see `drmas.evaluation.async_heldout`),
 * the buffer, one learner per trained model and `pipeline.num_rollouts` rollouts are started in that order,
   their output merged line by line behind a `[name]` prefix (each process also logs to its own directory),
-* a process that dies is restarted (`drmas.restarts`: bounded, with backoff; a learner with
+* a process that dies is restarted (`drmas.launch.restarts`: bounded, with backoff; a learner with
   `trainer.resume=true`, so it continues from its last checkpoint); the run ends when every learner has
   finished (0), when a process cannot be recovered (1: it refused its input, or used up its restarts; the
   launcher says which), or on SIGINT/SIGTERM (130): rollouts are stopped first (nothing new is generated),
@@ -35,8 +35,8 @@ from typing import Optional, TextIO
 from drmas import assembly
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
-from drmas.process import StopFlag
-from drmas.restarts import RestartBook
+from drmas.launch.restarts import RestartBook
+from drmas.runtime.process import StopFlag
 
 STOP_GRACE_S = 60.0
 STOP_ORDER = ("rollout", "learner", "buffer")
@@ -168,7 +168,7 @@ class Supervisor(ABC):
     def _prepare(self) -> Path:
         """Claim the output directory, build every model, place the processes and write the children's
         config; raises (with a message naming the key or path) what would make the children fail."""
-        from drmas.run_dir import claim_output_dir
+        from drmas.runtime.run_dir import claim_output_dir
 
         cfg = self.cfg
         run_dir = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
@@ -202,7 +202,7 @@ class Supervisor(ABC):
         scalars = {f"eval/accuracy_{tag}": value for tag, value in accuracy.items() if value is not None}
         if not scalars:
             return
-        from drmas.metrics import MetricsWriter
+        from drmas.runtime.metrics import MetricsWriter
 
         writer = MetricsWriter(run_dir / "eval", tensorboard=self.cfg.logging.tensorboard)
         writer.log(self.cfg.trainer.steps, scalars)

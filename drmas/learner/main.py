@@ -6,7 +6,8 @@ import logging
 import os
 import sys
 
-from drmas.process import StopFlag, config_parser, die_with_torchrun, load_or_exit, setup_logging
+from drmas.assembly import load_or_exit
+from drmas.runtime.process import StopFlag, config_parser, die_with_torchrun, setup_logging
 
 log = logging.getLogger("drmas.learner")
 
@@ -20,8 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(f"learner-{args.model}")
     stop = StopFlag()
     from drmas import assembly
-    from drmas.endpoints import EndpointError, require_fixed
     from drmas.learner.worker import LearnerWorker
+    from drmas.runtime.endpoints import EndpointError, require_fixed
 
     trained = assembly.trained_models(cfg)
     if args.model not in trained:
@@ -46,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def follow_rank_0(cfg, model_id: str) -> int:
     """Ranks 1..N-1 of a model's learner: same model and trainer as rank 0, batches from it (see
-    `drmas.learner.rank_group`); they stop when rank 0 does (a signal is rank 0's to handle)."""
-    from drmas.learner.rank_group import BatchFanout, follow, learner_ranks
+    `drmas.learner.ranks.group`); they stop when rank 0 does (a signal is rank 0's to handle)."""
+    from drmas.learner.ranks.group import BatchFanout, follow, learner_ranks
     from drmas.learner.worker import trained_policy
 
     mcfg = cfg.models[model_id]

@@ -5,7 +5,7 @@ batch into `optim_steps_per_update` optimizer steps, accumulates gradients over 
 aggregate equals the loss over the whole step, and skips (and counts) a step whose gradient is not finite.
 
 The same update runs on one process or on N data-parallel ranks of one model (`ranks`, see
-`drmas.learner.ranks` and `drmas.learner.sharding`): every rank is given the whole batch, trains on its
+`drmas.learner.ranks.single` and `drmas.learner.ranks.sharding`): every rank is given the whole batch, trains on its
 share of each step, and normalises by the whole step, so the metrics and weights agree across ranks.
 """
 
@@ -21,12 +21,12 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.utils.rnn import pad_sequence
 
 from drmas.config.schema import AlgorithmConfig, OptimConfig
-from drmas.devices import compute_autocast, exact_float32
+from drmas.core.sample import Sample
 from drmas.learner.collate import float_rows, response_logprobs
 from drmas.learner.loss import ppo_loss
-from drmas.learner.ranks import SingleRank
-from drmas.protocol import Sample
-from drmas.weights.source import WeightSource
+from drmas.learner.ranks.single import SingleRank
+from drmas.models.devices import compute_autocast, exact_float32
+from drmas.weights.learner.source import WeightSource
 
 
 class PolicyTrainer:
@@ -42,7 +42,7 @@ class PolicyTrainer:
         ranks: SingleRank | None = None,
         compute_dtype: torch.dtype | None = None,
     ) -> None:
-        """`compute_dtype`: what the forward passes compute in (the precision contract of `drmas.devices`;
+        """`compute_dtype`: what the forward passes compute in (the precision contract of `drmas.models.devices`;
         default: the parameters' dtype)."""
         self.model_id = model_id
         self.ranks = ranks or SingleRank()
@@ -203,7 +203,7 @@ class PolicyTrainer:
     def state_dict(self) -> dict:
         """Weights, AdamW state and step counters as `torch.distributed.checkpoint` saves and loads them:
         keyed by parameter name (not by the optimizer's parameter index), each rank holding only its shards
-        (DTensors) when sharded, so that a checkpoint of N ranks loads into M (see `drmas.checkpoint`).
+        (DTensors) when sharded, so that a checkpoint of N ranks loads into M (see `drmas.models.checkpoint`).
         DCP loads in place into these tensors; `load_state_dict` then hands them to the model and optimizer."""
         model, optimizer = get_state_dict(self.model, self.optimizer)
         return {"model": model, "optimizer": optimizer, "skipped_steps": self.skipped_steps,

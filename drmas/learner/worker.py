@@ -13,7 +13,7 @@ gradients and running statistics are rolled back, and the loop pulls the next ba
 `MAX_FAILED_UPDATES` failures in a row end the process (then something is wrong with the learner itself,
 and a supervisor restarting it with resume is the better remedy). A learner of N ranks cannot skip a
 batch: its other ranks are inside the failed update's collectives. It ends at once (`LearnerRanksFailed`),
-naming the rank that failed and why (`drmas.learner.rank_group`); resume continues from the last checkpoint.
+naming the rank that failed and why (`drmas.learner.ranks.group`); resume continues from the last checkpoint.
 
 When the learner reaches `trainer.steps` it tells the buffer it finished, so admission stops waiting for
 it: a peer learner that restarted behind it still gets groups.
@@ -31,21 +31,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from drmas import assembly, checkpoint
+from drmas import assembly
 from drmas.buffer import BufferConsumer
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
-from drmas.endpoints import learner_address
+from drmas.core.lineage import Lineage
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
 from drmas.learner.policy import PolicyTrainer
-from drmas.learner.rank_group import BatchFanout, failure_reports, learner_ranks
+from drmas.learner.ranks.group import BatchFanout, failure_reports, learner_ranks
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.sample_limits import SampleLimits
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars, staleness_scalars
-from drmas.lineage import Lineage
-from drmas.metrics import MetricsWriter, agent_line, reward_stats_line
-from drmas.process import StopFlag, add_log_file
-from drmas.run_dir import claim_output_dir
+from drmas.models import checkpoint
+from drmas.runtime.endpoints import learner_address
+from drmas.runtime.metrics import MetricsWriter, agent_line, reward_stats_line
+from drmas.runtime.netsec import server_keys
+from drmas.runtime.process import StopFlag, add_log_file
+from drmas.runtime.run_dir import claim_output_dir
 from drmas.weights import WeightSender
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,7 @@ def precision(trainer: PolicyTrainer) -> str:
 
 def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device):
     """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one)."""
-    from drmas.models import compute_dtype, load_model, torch_dtype
+    from drmas.models.loading import compute_dtype, load_model, torch_dtype
 
     mcfg = cfg.models[model_id]
     model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype, device=device)
@@ -109,7 +111,7 @@ class LearnerWorker:
         self.sender = WeightSender.from_config(cfg.pipeline.weights, host, port, model=model_id,
                                                incarnation=self.lineage.incarnation,
                                                current_weights=self._current_weights,
-                                               curve=cfg.pipeline.buffer.server_curve(), device=self.device,
+                                               curve=server_keys(cfg.pipeline.buffer), device=self.device,
                                                dtype=self.trainer.compute_dtype,
                                                joins_in_thread=self.source.concurrent)
         self.limits = SampleLimits.of_model(self.model, cfg.pipeline.buffer.max_sample_tokens)

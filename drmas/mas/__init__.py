@@ -1,7 +1,7 @@
 """Multi-agent systems: agents (prompting + parsing of one role) and orchestras (turn logic of an episode)."""
 
+from drmas.core.registry import Registry
 from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra, Tool, ToolCall, TurnResult
-from drmas.registry import Registry
 
 ORCHESTRAS: Registry = Registry("orchestra")
 

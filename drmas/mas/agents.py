@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from drmas.registry import Registry
+from drmas.core.registry import Registry
 from drmas.tasks.base import Problem
 from drmas.tasks.grading import extract_boxed
 

@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 
 import msgspec
 
-from drmas.jsonl import jsonl_records
+from drmas.core.jsonl import jsonl_records
 from drmas.retrieval.base import Passage
 
 

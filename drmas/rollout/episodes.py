@@ -28,9 +28,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
+from drmas.core.sample import Sample
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
 from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra, ToolCall
-from drmas.protocol import Sample
 from drmas.tasks.base import Problem
 
 

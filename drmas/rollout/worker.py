@@ -36,13 +36,14 @@ import torch
 from drmas import assembly
 from drmas.buffer import BufferProducer
 from drmas.config.schema import DrmasConfig
-from drmas.endpoints import learner_endpoint
-from drmas.metrics import MetricsWriter
-from drmas.process import StopFlag
 from drmas.rollout.episodes import EpisodeRequest, EpisodeResult, EpisodeRunner
+from drmas.runtime.endpoints import learner_endpoint
+from drmas.runtime.metrics import MetricsWriter
+from drmas.runtime.netsec import client_keys
+from drmas.runtime.process import StopFlag
 from drmas.tasks.sampler import ProblemSampler
 from drmas.weights import WeightReceiver
-from drmas.weights.member import receiving_workers
+from drmas.weights.rollout.member import receiving_workers
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class RolloutWorker:
         self.receivers = {
             m: WeightReceiver.from_config(cfg.pipeline.weights, learner_endpoint(cfg, m), self.name,
                                           self.engines[m].load_weights, model=m,
-                                          curve=cfg.pipeline.buffer.client_curve(),
+                                          curve=client_keys(cfg.pipeline.buffer),
                                           workers=receiving_workers(self.engines[m]))
             for m in assembly.trained_models(cfg)
         }

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from drmas.config.schema import TaskConfig
-from drmas.registry import Registry
+from drmas.core.registry import Registry
 from drmas.tasks.base import Problem, Task
 
 TaskFactory = Callable[[TaskConfig], Task]

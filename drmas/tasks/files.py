@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from drmas.config.schema import TaskConfig
-from drmas.errors import naming_key
-from drmas.jsonl import jsonl_records
+from drmas.core.errors import naming_key
+from drmas.core.jsonl import jsonl_records
 from drmas.tasks import TASKS
 from drmas.tasks.base import Problem
 from drmas.tasks.grading import extract_boxed, grade_answer
