@@ -227,16 +227,23 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--only", default="build,precision,generation,push", help="which parts to run")
+    parser.add_argument("--model-dir", default=None, help="an HF model directory instead of the random tiny model "
+                        "(e.g. SmolLM2's, for the gap of trained weights); no build figure then")
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     device = torch.device(args.device)
     parts = set(args.only.split(","))
-    path = build(args, device) if "build" in parts else build_tiny_model(TinyModelConfig(
-        hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads, intermediate_size=args.intermediate))
+    if args.model_dir:
+        path = Path(args.model_dir)
+    elif "build" in parts:
+        path = build(args, device)
+    else:
+        path = build_tiny_model(TinyModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
+                                                intermediate_size=args.intermediate))
     params = sum(p.numel() for p in load_model(path)[0].parameters())
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"model: {params / 1e6:.0f}M parameters (hidden {args.hidden}, {args.layers} layers) on {device} ({name}), "
-          f"torch {torch.__version__}", flush=True)
+    print(f"model: {params / 1e6:.0f}M parameters ({args.model_dir or f'hidden {args.hidden}, {args.layers} layers'}) "
+          f"on {device} ({name}), torch {torch.__version__}", flush=True)
     if "precision" in parts:
         _, tokenizer = load_model(path)
         precision_and_learner(path, device, make_prompts(tokenizer, args.batches[0]), args)

@@ -44,7 +44,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT_DIR
   local start=$SECONDS
   echo "== $name"
   timeout --kill-after=20 "$limit" "$@" 2>&1 | tee "$OUT_DIR/$name.log" \
-    | grep -E "^(FIGURE|config=|rollout |engine |ratio|model:|[0-9]+ (passed|failed)|FAILED|ERROR|SKIPPED)"
+    | grep --line-buffered -E "^(FIGURE|config=|rollout |engine |ratio|model:|[0-9]+ (passed|failed)|FAILED|ERROR|SKIPPED)"
   local statuses=("${PIPESTATUS[@]}")
   local rc=${statuses[0]}
   echo "   ($name: rc $rc, $((SECONDS - start)) s)"
