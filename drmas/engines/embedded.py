@@ -11,7 +11,8 @@ for every row of the running batch and returns the requests that finished in it.
 batch (prefilled in one forward pass that computes logits for the last position only, then merged into
 the KV cache) as soon as enough of it is free; finished rows are dropped once enough of them have
 finished to pay for the copy. `generate` is the same loop run until its prompts are all done, with the
-prompts queued by length (similar lengths -> little padding).
+prompts queued longest first (similar lengths -> little padding, and a joining prompt is never wider than
+the running batch, so only the joining rows are padded).
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ class EmbeddedEngine:
         with self._lock:
             if self.in_progress():
                 raise RuntimeError(f"{self.model_id}: generate() while {self.in_progress()} submitted requests run")
-            for i in sorted(range(len(prompts)), key=lambda i: len(prompts[i])):
+            for i in sorted(range(len(prompts)), key=lambda i: -len(prompts[i])):
                 self._enqueue(str(i), prompts[i], params[i])
             results: dict[str, Generation] = {}
             while self.in_progress():
