@@ -70,7 +70,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 $PY -c "import torch, transformers; print(f'torch {torch.__version__}, transformers {transformers.__version__}, $GPUS GPU(s)')"
 
 # ---- 1. the figures of issue 24 on the 252M model
-step figures 180 $PY bench/gpu_figures.py --device "$DEVICE" "${FIGURES[@]}"
+step figures 220 $PY bench/gpu_figures.py --device "$DEVICE" "${FIGURES[@]}"
 
 # ---- 2. how busy the rollout keeps the engine (smoke models: short turns, the hard case)
 step rollout_busy 75 $PY bench/rollout_busy.py --config configs/smoke_async.yaml --batch "$BUSY" --seconds 10 --rounds 2 \
