@@ -2,9 +2,11 @@
 
 Shared by the colocated loop, evaluation and the buffer, rollout and learner processes, so every process
 interprets a config the same way. Importing it registers the built-in engines, orchestras, role agents,
-tasks and retrievers. `load_config` is how every entry point loads a config: the config package checks the
-settings (`drmas.config.load_config`), and the names that select a registered component are checked here,
-against the registries, before any process starts or any model is built.
+tasks and retrievers. `load_config` is how every entry point loads a config: it imports the config's plugins
+(and the installed `drmas.plugins` entry points, `drmas.plugins`) so their registrations exist, the config
+package reads and checks the settings (`system.*` / `task.*` with the settings class the chosen system and
+task registered), and the names that select a registered component are checked here, against the
+registries, before any process starts or any model is built.
 """
 
 from __future__ import annotations
@@ -16,16 +18,17 @@ import drmas.engines.embedded  # noqa: F401  (registers the built-in engine)
 import drmas.mas.math  # noqa: F401  (registers the built-in orchestras and role agents)
 import drmas.mas.revise  # noqa: F401
 import drmas.mas.search  # noqa: F401
-from drmas import config as _config
 from drmas.config.derived import trained_agent_models, trained_agents, trained_models  # noqa: F401
 from drmas.config.errors import ConfigError
-from drmas.config.schema import DrmasConfig
+from drmas.config.load import build_config, plugin_specs, read_layers
+from drmas.config.schema import AgentConfig, DrmasConfig
 from drmas.engines import ENGINES
 from drmas.engines.base import SamplingParams
 from drmas.mas import ORCHESTRAS
-from drmas.mas.agents import AGENT_ROLES
+from drmas.mas.agents import AGENT_ROLES, RoleAgent
 from drmas.mas.base import Orchestra
 from drmas.models.loading import resolve_model_path
+from drmas.plugins import import_plugins
 from drmas.retrieval.factory import RETRIEVERS, build_retriever
 from drmas.rollout.episodes import AgentSpec
 from drmas.runtime import process
@@ -35,13 +38,20 @@ from drmas.tasks.base import Task
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DrmasConfig:
-    """The config as every entry point loads it: read and checked, and every registered name in it checked
-    (ConfigError naming the key)."""
-    cfg = _config.load_config(path, overrides)
+    """The config as every entry point loads it: its plugins imported, read and checked, and every registered
+    name in it checked (ConfigError naming the key)."""
+    layers = read_layers(path, overrides)
+    import_plugins(plugin_specs(layers))
+    cfg = build_config(layers)
     problems = check_components(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
     return cfg
+
+
+def load_plugins(path: str | Path | None = None, overrides: Sequence[str] = ()) -> None:
+    """Import the plugins a config names (and the installed entry points) without reading the rest of it."""
+    import_plugins(plugin_specs(read_layers(path, overrides)))
 
 
 def load_or_exit(prog: str, path: str | None, overrides: Sequence[str]) -> DrmasConfig:
@@ -53,7 +63,7 @@ def load_or_exit(prog: str, path: str | None, overrides: Sequence[str]) -> Drmas
 def check_components(cfg: DrmasConfig) -> list[str]:
     """What is wrong with the config's choice of registered components, each message naming its key.
     (`pipeline.launcher` is checked by `drmas.launch.launch`, the one caller of launchers.)"""
-    found = [problem for key, value, registry in (
+    found = [problem + _PLUGIN_HINT for key, value, registry in (
         ("system.name", cfg.system.name, ORCHESTRAS),
         ("task.name", cfg.task.name, TASKS),
         ("rollout.engine", cfg.rollout.engine, ENGINES),
@@ -61,6 +71,36 @@ def check_components(cfg: DrmasConfig) -> list[str]:
     ) if (problem := registry.problem(value, key))]
     if cfg.rollout.engine in ENGINES:
         found.extend(_engine_problems(cfg))
+    for name, agent in cfg.agents.items():
+        found.extend(_agent_problems(name, agent))
+    return found
+
+
+_PLUGIN_HINT = " (a plugin's names are known once its module is listed under `plugins` or installed with a "\
+    "`drmas.plugins` entry point)"
+_SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens")
+
+
+def role_of(agent: AgentConfig) -> type[RoleAgent] | None:
+    """The registered role class an agent plays (None: a role no module registered, which the orchestra
+    handles itself)."""
+    return AGENT_ROLES.get(agent.role) if agent.role in AGENT_ROLES else None
+
+
+def _agent_problems(name: str, agent: AgentConfig) -> list[str]:
+    """A scripted role's agent has no model and no sampling; any other agent needs a model."""
+    role, where = role_of(agent), f"agents.{name}"
+    if role is None or not role.scripted:
+        return [] if agent.model else [f"{where}.model: required (a key of 'models'); only an agent whose role is "
+                                       f"scripted takes none, and role {agent.role!r} is not"]
+    found = []
+    if agent.model:
+        found.append(f"{where}.model: role {agent.role!r} is scripted (its turns are computed by code): its agent is "
+                     f"served by no model; remove the key")
+    sampling = [key for key in _SAMPLING_KEYS if getattr(agent, key) is not None] + (["stop"] if agent.stop else [])
+    if sampling:
+        found.append(f"{where}: role {agent.role!r} is scripted: {', '.join(sampling)} would sample nothing; remove "
+                     f"{'them' if len(sampling) > 1 else 'it'}")
     return found
 
 
@@ -105,9 +145,14 @@ def build_orchestra(cfg: DrmasConfig, task: Task) -> Orchestra:
 
 def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str, AgentSpec]:
     """Sampling parameters per agent: the agent's overrides over the rollout defaults (`temperature`, when
-    given, replaces every agent's temperature, as evaluation does), and its role's stop strings."""
+    given, replaces every agent's temperature, as evaluation does), and its role's stop strings followed by its
+    own (`agents.<name>.stop`). An agent of a scripted role gets its role's `respond` instead."""
     specs = {}
     for name, a in cfg.agents.items():
+        role = role_of(a)
+        if role is not None and role.scripted:
+            specs[name] = AgentSpec(model="", sampling=None, script=role().respond)  # type: ignore[attr-defined]
+            continue
         temp = a.temperature if a.temperature is not None else cfg.rollout.temperature
         if temperature is not None:
             temp = temperature
@@ -115,7 +160,7 @@ def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str,
             temperature=temp,
             top_p=a.top_p if a.top_p is not None else cfg.rollout.top_p,
             max_new_tokens=a.max_new_tokens or cfg.rollout.max_new_tokens,
-            stop=AGENT_ROLES.get(a.role).stop if a.role in AGENT_ROLES else (),
+            stop=tuple(dict.fromkeys([*(role.stop if role is not None else ()), *a.stop])),  # the role's, then its own
         )
         specs[name] = AgentSpec(model=a.model, sampling=sampling)
     return specs

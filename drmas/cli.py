@@ -1,5 +1,5 @@
 """The `drmas` command line: `drmas run`, `drmas eval`, `drmas retriever serve`, `drmas config show|keys`,
-`drmas keys`, `drmas rollouts add|remove`."""
+`drmas keys`, `drmas rollouts add|remove`, `drmas new-system`."""
 
 from __future__ import annotations
 
@@ -25,13 +25,17 @@ def build_parser() -> argparse.ArgumentParser:
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     show = cfg_sub.add_parser("show", help="print the resolved config")
     _add_config_args(show)
-    cfg_sub.add_parser("keys", help="list every config key with its default and help text")
+    keys = cfg_sub.add_parser("keys", help="list every config key with its default and help text (the settings of "
+                              "every registered system and task; with --config, its plugins' too)")
+    _add_config_args(keys)
     from drmas.evaluation.command import add_parser as add_eval_parser
     from drmas.launch.elastic import add_parser as add_rollouts_parser
     from drmas.retrieval.cli import add_parser as add_retriever_parser
     from drmas.runtime.keys import add_parser as add_keys_parser
+    from drmas.scaffold import add_parser as add_new_system_parser
 
     add_eval_parser(sub)
+    add_new_system_parser(sub)
     add_retriever_parser(sub)
     add_keys_parser(sub)
     add_rollouts_parser(sub)
@@ -44,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     try:
         if args.command == "config" and args.config_command == "keys":
+            from drmas.assembly import load_plugins
+
+            load_plugins(args.config, args.overrides)  # their systems' and tasks' settings are listed too
             for key, default, text in iter_help():
                 print(f"{key} = {default}\n    {text}")
             return 0

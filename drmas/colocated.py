@@ -117,7 +117,8 @@ class ColocatedRun:
                 self.step += 1
                 writer.log(self.step, scalars, hists)
                 if cfg.logging.console_every and self.step % cfg.logging.console_every == 0:
-                    self.log(agent_line(self.step, scalars, list(cfg.agents), list(self.trainers)))
+                    speaking = [n for n, a in cfg.agents.items() if a.model]  # scripted agents make no samples
+                    self.log(agent_line(self.step, scalars, speaking, list(self.trainers)))
                 if cfg.trainer.checkpoint_interval and self.step % cfg.trainer.checkpoint_interval == 0:
                     self.save()
                 bar.update(1)

@@ -58,7 +58,7 @@ def test_wrong_type_names_key():
         ("system.name=chess", "system.name"),
         ("models.policy.builtin=gpt5", "models.policy.builtin"),
         ("agents.solver.top_p=1.5", "agents.solver.top_p"),
-        ("system.malformed_route=yes", "system.malformed_route"),
+        ("system.malformed_verdict=maybe", "system.malformed_verdict"),
         ("algorithm.singleton_clip=0", "algorithm.singleton_clip"),
         ("models.policy.collective_timeout_s=0", "models.policy.collective_timeout_s"),
     ],

@@ -5,6 +5,7 @@ starting a real buffer on the ports it found."""
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -96,3 +97,24 @@ def test_process_host_starts_a_buffer_on_the_ports_it_found_and_relays_its_outpu
         assert rc == 0
     finally:
         host.signal(signal.SIGKILL)
+
+
+def test_plugin_files_travel_to_a_node_that_lacks_them(tmp_path):
+    """A Ray host on a node without the driver's filesystem writes the plugin files it was sent and imports
+    those copies; a node that has the file (a shared filesystem) imports it where it is."""
+    from drmas.assembly import load_config as load_with_plugins
+    from drmas.launch.placement import plugin_files
+
+    driver = tmp_path / "driver" / "carried_plugin.py"
+    driver.parent.mkdir()
+    driver.write_text("from drmas.api import help_field\n\nCARRIED = True\n")
+    cfg = load_config(SMOKE_ASYNC, [f"plugins=[{driver}]"])
+    sent = plugin_files(cfg)
+    assert sent == {str(driver): driver.read_text()}
+    shared = load_config(localize(to_yaml(cfg), None, {}, tmp_path / "shared", sent))
+    assert shared.plugins == [str(driver)] and not (tmp_path / "shared" / "plugins").exists()
+    driver.unlink()  # as on a node that never had it
+    node = tmp_path / "node"
+    local = load_with_plugins(localize(to_yaml(cfg), None, {}, node, sent))
+    assert local.plugins == [str(node / "plugins" / "carried_plugin.py")]
+    assert sys.modules["carried_plugin"].CARRIED and sys.modules["carried_plugin"].__file__ == local.plugins[0]

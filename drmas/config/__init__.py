@@ -1,7 +1,9 @@
 """Configuration: the typed schema and its sections, loading with overrides, and the checks of the values.
 
 Imports nothing of drmas but `drmas.core`: which registered components the names in a config select is
-checked where components are built (`drmas.assembly.load_config`).
+checked where components are built (`drmas.assembly.load_config`, which also imports the config's plugins
+first). `system.*` and `task.*` are read with the settings class the chosen system or task registered
+(`drmas.config.sections`; the built-ins' in `systems.py` and `tasks.py`).
 """
 
 from drmas.config.errors import ConfigError

@@ -39,3 +39,15 @@ class Section:
         found = self.problems(where)
         if found:
             raise ValueError("; ".join(found))
+
+    def at_least(self, where: str, **bounds: float) -> list[str]:
+        """A problem for each field (named by keyword) below its lower bound: `at_least(where, max_rounds=1)`."""
+        return [f"{where}.{name}: must be >= {low}, got {getattr(self, name)}"
+                for name, low in bounds.items() if getattr(self, name) < low]
+
+    def one_of(self, where: str, name: str, choices: tuple) -> list[str]:
+        """A problem when field `name` is not one of `choices`."""
+        value = getattr(self, name)
+        if value in choices:
+            return []
+        return [f"{where}.{name}: {value!r} is not one of {', '.join(map(str, choices))}"]

@@ -2,8 +2,8 @@
 
 Each field's `help` metadata is what `drmas config keys` prints.
 The schema is plain dataclasses so OmegaConf can type-check YAML and command-line overrides against it.
-Sections with settings of their own module (buffer, weights, gpus, ray, restarts, retrieval) sit beside this
-one in `drmas.config`; the package imports nothing of drmas but `drmas.core`, so every process (and the
+Sections with settings of their own module (buffer, weights, gpus, ray, restarts, retrieval; the systems' and
+tasks' settings in sections.py, systems.py, tasks.py) sit beside this one in `drmas.config`; the package imports nothing of drmas but `drmas.core`, so every process (and the
 tools that only read a config) can load one without importing the subsystems it configures.
 """
 
@@ -19,6 +19,9 @@ from drmas.config.gpus import GpuPlanConfig
 from drmas.config.ray import RayConfig
 from drmas.config.restarts import RestartConfig
 from drmas.config.retrieval import RetrievalConfig
+from drmas.config.sections import SystemSettings, TaskSettings
+from drmas.config.systems import MathSettings
+from drmas.config.tasks import ArithmeticSettings
 from drmas.config.weights import WeightSyncConfig
 
 # The choices of the settings below, defined once: the checks (`drmas.config.validate`) and the code that
@@ -28,7 +31,6 @@ DTYPES = ("float32", "bfloat16")
 DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # models.<id>.device
 NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-ANSWER_EXTRACTIONS = ("boxed", "flexible")
 PIPELINE_MODES = ("colocated", "async")
 
 
@@ -111,67 +113,30 @@ class ModelConfig:
 @dataclass
 class AgentConfig:
     role: str = _f("", "Role implemented by this agent within the system (e.g. solver, verifier).")
-    model: str = _f("", "Id of the model (a key of `models`) that serves and trains this agent.")
+    model: str = _f(
+        "", "Id of the model (a key of `models`) that serves and trains this agent. Left empty for an agent whose "
+        "role is scripted (its turns are computed by code: no model, no samples; see docs/extending.md).")
     temperature: Optional[float] = _f(None, "Sampling temperature (default: rollout.temperature).")
     top_p: Optional[float] = _f(None, "Nucleus sampling top_p (default: rollout.top_p).")
     max_new_tokens: Optional[int] = _f(None, "Response length cap (default: rollout.max_new_tokens).")
+    stop: list[str] = _f(
+        [], "Stop strings of this agent: generation ends once the reply holds one (it is kept). Added to the "
+        "stop strings its role declares.")
     loss_weight: float = _f(1.0, "Weight of this agent's samples in its model's loss (per-agent override).")
     trainable: bool = _f(True, "Train on this agent's samples (false: it acts but is not trained).")
-
-
-@dataclass
-class SystemConfig:
-    name: str = _f("math", "Registered multi-agent system (orchestra): 'math', 'math_revise' (solver, task-graded "
-                   "check, reviser only after a wrong answer) or 'search'.")
-    max_rounds: int = _f(2, "Math: solver/verifier rounds K; the verifier is skipped in the last round. math_revise: "
-                         "attempts in all (1 solver call + up to K-1 reviser calls).")
-    malformed_verdict: str = _f(
-        "approve", "Math: how a verifier output without a <verify> verdict counts: approve (reference) or reject."
-    )
-    max_turns: int = _f(4, "Search: router-routed turns; the search agent is skipped on the last turn.")
-    route_last_turn: bool = _f(
-        True, "Search: the router also routes the last turn, as in the reference: 'no' there ends the episode "
-        "without an answer (reward 0). false: the last turn goes straight to the answerer (router skipped).",
-    )
-    malformed_route: str = _f(
-        "answer", "Search: how a router output without a <verify>yes|no</verify> verdict counts: answer (as 'yes', "
-        "reference) or search (as 'no'). It is an invalid turn (format penalty) either way.",
-    )
-    history_max_chars: int = _f(
-        2000, "Search: most characters of the query/passage history shown to the agents (the newest are kept)."
-    )
-    reward_metric: str = _f("em", "Search: task reward of the final answer, 'em' (exact match) or 'f1' (token F1).")
-
-
-@dataclass
-class TaskConfig:
-    name: str = _f(
-        "arithmetic",
-        "Registered task: 'arithmetic' (generated math), 'math_file' (math jsonl/parquet files), 'multihop' "
-        "(generated multi-hop QA world with its passage corpus) or 'qa_file' (Search-R1 QA jsonl/parquet files).",
-    )
-    seed: int = _f(0, "Seed of the generated task (same seed -> same problems).")
-    n_train: int = _f(2000, "Generated task: number of training problems.")
-    n_test: int = _f(200, "Generated task: number of held-out problems (disjoint from train).")
-    min_operands: int = _f(2, "Generated task: fewest numbers in a problem.")
-    max_operands: int = _f(2, "Generated task: most numbers in a problem.")
-    max_value: int = _f(20, "Generated task: numbers are drawn from 1..max_value.")
-    operations: str = _f("+-", "Generated task: operations used, a subset of '+-*'.")
-    answer_extraction: str = _f(
-        "boxed", "How the final answer is read: 'boxed' (only \\boxed{}) or 'flexible' (else the last number)."
-    )
-    train_file: Optional[str] = _f(None, "math_file: training problems (.jsonl or .parquet; GSM8K/MATH/AIME style).")
-    test_file: Optional[str] = _f(None, "math_file: held-out problems (.jsonl or .parquet).")
-    n_entities: int = _f(120, "multihop: fictional people in the generated world (each with a few relations).")
-    two_hop_share: float = _f(0.5, "multihop: share of 2-hop questions (the rest are 1-hop).")
 
 
 @dataclass
 class AlgorithmConfig:
     normalization: str = _f(
         "agent",
-        "Advantage normalisation set: 'agent' (Dr. MAS: per group and agent), 'global' (GRPO: per group, "
-        "trajectory scores) or 'step_global' (per group, all calls pooled).",
+        "Advantage normalisation set: 'agent' (Dr. MAS: each call's reward against the calls of the same agent in "
+        "its prompt group), 'global' (GRPO: each episode's trajectory score, the mean reward of all its calls, "
+        "against the group's episodes; every call of an episode takes its episode's advantage) or 'step_global' "
+        "(each call's reward against every call of its group, agents pooled). When an orchestra rewards turns or "
+        "agents differently (EpisodeOutcome.turn_rewards / agent_rewards), 'agent' and 'step_global' compare those "
+        "per-call rewards, while 'global' still compares trajectory scores (the reference's mean of the episode's "
+        "sample rewards), so within an episode it cannot tell a well-rewarded call from a poorly rewarded one.",
     )
     norm_by_std: bool = _f(True, "Divide by the std of the normalisation set (false: mean-only, Dr. GRPO style).")
     eps: float = _f(1e-6, "Added to the std before dividing.")
@@ -193,7 +158,8 @@ class AlgorithmConfig:
         None, "Cap of the behaviour importance weight pi_prox/pi_behaviour (null: no cap)."
     )
     aggregation: str = _f("token-mean", "Loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum.")
-    invalid_penalty: float = _f(0.1, "Reward penalty c for an invalid output: r = R_episode - c * (1 - valid).")
+    invalid_penalty: float = _f(0.1, "Reward penalty c for an invalid output: r = R_turn - c * (1 - valid), R_turn the "
+                                "turn's reward (the episode's, unless the orchestra rewards turns or agents).")
     optim_steps_per_update: int = _f(1, "Optimizer steps each model takes per update (the batch is split evenly).")
     micro_batch_size: int = _f(8, "Samples per forward/backward pass (gradient accumulation).")
 
@@ -317,8 +283,16 @@ class PipelineConfig:
 class DrmasConfig:
     models: dict[str, ModelConfig] = _f(dict, "Model id -> model. Agents with the same model id share weights.")
     agents: dict[str, AgentConfig] = _f(dict, "Agent name -> agent (role, model id, sampling overrides).")
-    system: SystemConfig = _f(SystemConfig, "The multi-agent system.")
-    task: TaskConfig = _f(TaskConfig, "The task (problems and grading).")
+    plugins: list[str] = _f(
+        [], "Modules to import before the config is read, so the orchestras, role agents, tasks, engines and "
+        "retrievers they register can be chosen by name: a module name (my_pkg.my_mas, importable on every "
+        "machine of the run) or a .py file path (relative paths are relative to the config file's directory; on "
+        "the command line, to the working directory). Every drmas process imports them; so are the modules of "
+        "installed packages' `drmas.plugins` entry points. See docs/extending.md.")
+    system: SystemSettings = _f(MathSettings, "The multi-agent system: `name`, and the settings of the system it "
+                                "names.")
+    task: TaskSettings = _f(ArithmeticSettings, "The task (problems and grading): `name`, and the settings of the "
+                            "task it names.")
     algorithm: AlgorithmConfig = _f(AlgorithmConfig, "Advantages and the PPO loss.")
     rollout: RolloutConfig = _f(RolloutConfig, "Sampling.")
     eval: EvalConfig = _f(EvalConfig, "Held-out evaluation around training.")

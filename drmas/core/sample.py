@@ -55,7 +55,7 @@ class Sample(msgspec.Struct, kw_only=True, frozen=False):
     policy_version: Version  # version of the weights that produced the response tokens
     temperature: Finite  # sampling temperature the behaviour log-probs were computed at
     valid: bool  # whether the output followed the agent's required format
-    reward: Finite = 0.0  # per-sample reward: episode reward minus the format penalty
+    reward: Finite = 0.0  # per-sample reward: the turn's reward (episode, agent or turn) minus the format penalty
     episode_reward: Finite = 0.0  # the shared task reward of the whole episode
     # the learner process that published `policy_version` ('' = initial weights or the colocated loop): a
     # learner resumed from a checkpoint numbers versions again from there, so the pair names the weights

@@ -41,7 +41,8 @@ def eval_agent_specs(cfg: DrmasConfig) -> dict[str, AgentSpec]:
     (response lengths stay as configured)."""
     specs = assembly.agent_specs(cfg, temperature=cfg.eval.k_temperature)
     return {
-        name: dataclasses.replace(spec, sampling=dataclasses.replace(spec.sampling, top_p=cfg.eval.k_top_p))
+        name: spec if spec.sampling is None  # a scripted agent samples nothing
+        else dataclasses.replace(spec, sampling=dataclasses.replace(spec.sampling, top_p=cfg.eval.k_top_p))
         for name, spec in specs.items()
     }
 

@@ -8,7 +8,9 @@ loopback the run's sockets are reachable from the network, where the buffer and 
 listen without CURVE (`drmas.runtime.netsec`), so `add_run_keys` generates one key set for the run (unless the
 config names keys already) and every process gets it: a cluster node need not share a filesystem with the
 driver, so key files travel as text (`key_files`) and each host writes them next to its copy of the config
-(`localize`).
+(`localize`). So do the run's plugin files (`plugin_files`): a host that does not have one at the driver's
+path (no shared filesystem) imports the copy it was sent; a plugin module (a name, not a file) must be
+installed on every node.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 from urllib.parse import urlsplit
 
+import yaml
+
+from drmas.config.load import is_plugin_path
 from drmas.config.schema import DrmasConfig
 from drmas.runtime.endpoints import learner_address
 from drmas.runtime.keys import KEY_FIELDS, generate_keys
@@ -91,9 +96,17 @@ def key_files(key_root: Optional[Path]) -> dict[str, str]:
     return {str(p.relative_to(key_root)): p.read_text() for p in sorted(key_root.rglob("*")) if p.is_file()}
 
 
-def localize(config_text: str, key_root: Optional[str], files: Mapping[str, str], dest: Path) -> Path:
+def plugin_files(cfg: DrmasConfig) -> dict[str, str]:
+    """Absolute path -> source of every plugin file the config imports (`plugins` entries that are files)."""
+    return {target: Path(target).read_text() for target in cfg.plugins if is_plugin_path(target)}
+
+
+def localize(config_text: str, key_root: Optional[str], files: Mapping[str, str], dest: Path,
+             plugins: Mapping[str, str] = {}) -> Path:
     """Write the key `files` under `dest/keys` (secrets readable by their owner only) and the config, with
-    the driver's `key_root` replaced by that directory, to `dest/config.yaml`; returns the config's path."""
+    the driver's `key_root` replaced by that directory, to `dest/config.yaml`; returns the config's path.
+    Each of the `plugins` files (driver path -> source) missing here, or different here, is written under
+    `dest/plugins/` and the config imports that copy."""
     dest.mkdir(parents=True, exist_ok=True)
     if key_root is not None and files:
         local = dest / "keys"
@@ -104,6 +117,24 @@ def localize(config_text: str, key_root: Optional[str], files: Mapping[str, str]
             if path.name.endswith("_secret"):
                 path.chmod(0o600)
         config_text = config_text.replace(key_root, str(local))
+    config_text = _local_plugins(config_text, plugins, dest / "plugins")
     config = dest / "config.yaml"
     config.write_text(config_text)
     return config
+
+
+def _local_plugins(config_text: str, plugins: Mapping[str, str], local: Path) -> str:
+    moved = {}
+    for path, source in plugins.items():
+        here = Path(path)
+        if here.is_file() and here.read_text() == source:
+            continue  # a shared filesystem: the driver's file itself
+        local.mkdir(parents=True, exist_ok=True)
+        copy = local / here.name
+        copy.write_text(source)
+        moved[path] = str(copy)
+    if not moved:
+        return config_text
+    data = yaml.safe_load(config_text)
+    data["plugins"] = [moved.get(entry, entry) for entry in data.get("plugins") or []]
+    return yaml.safe_dump(data, sort_keys=False)

@@ -49,7 +49,7 @@ from drmas import assembly
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.launch.elastic import NAMESPACE, RolloutControl, use_ray_token_if_present
-from drmas.launch.placement import add_run_keys, key_files, place_endpoints
+from drmas.launch.placement import add_run_keys, key_files, place_endpoints, plugin_files
 from drmas.launch.ray_host import ProcessHost
 from drmas.launch.supervisor import LOST, Child, PlacementError, Supervisor
 
@@ -98,7 +98,8 @@ class RayChild(Child):
         try:
             ip, actor_pid = launcher.call(self.host.where.remote())
             pid = launcher.call(self.host.start.remote(self.module, self.args, ranks, launcher.config_text,
-                                                       launcher.key_root, launcher.key_files, os.getcwd()))
+                                                       launcher.key_root, launcher.key_files, os.getcwd(),
+                                                       launcher.plugins))
         except RayActorError as exc:
             self.lost = True
             raise PlacementError(f"{self.name}: its Ray actor died while starting it ({exc})") from None
@@ -154,6 +155,7 @@ class RayLauncher(Supervisor):
         self.config_text = ""
         self.key_root: Optional[str] = None
         self.key_files: dict[str, str] = {}
+        self.plugins = plugin_files(cfg)  # their source travels to every host, as the keys do
 
     # ---- cluster -------------------------------------------------------------------------------------
     def _check_machine(self) -> None:

@@ -89,7 +89,7 @@ class RolloutWorker:
             torch.set_num_threads(cfg.trainer.threads)
         task = assembly.build_task(cfg)
         self.sampler = ProblemSampler(task.split("train"), seed=cfg.trainer.seed * 1000 + index)
-        served = sorted({a.model for a in cfg.agents.values()})
+        served = sorted({a.model for a in cfg.agents.values() if a.model})  # none: a scripted agent
         self.engines = {m: assembly.build_engine(cfg, m, assembly.model_path(cfg, m), cfg.trainer.seed + index)
                         for m in served}
         self.trained_agents = assembly.trained_agent_models(cfg)

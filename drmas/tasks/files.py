@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from drmas.config.schema import TaskConfig
+from drmas.config.tasks import MathFileSettings
 from drmas.core.errors import naming_key
 from drmas.core.jsonl import jsonl_records
 from drmas.tasks import TASKS
@@ -208,7 +208,7 @@ class MathFileTask:
 
     name = "math_file"
 
-    def __init__(self, cfg: TaskConfig) -> None:
+    def __init__(self, cfg: MathFileSettings) -> None:
         self._extraction = cfg.answer_extraction
         self._files: dict[str, Optional[str]] = {"train": cfg.train_file, "test": cfg.test_file}
         if not any(self._files.values()):
@@ -232,7 +232,7 @@ class MathFileTask:
         return grade_answer(response, problem.answer, self._extraction)
 
 
-@TASKS.register("math_file")
-def make_math_file_task(cfg: TaskConfig) -> MathFileTask:
+@TASKS.register("math_file", settings=MathFileSettings)
+def make_math_file_task(cfg: MathFileSettings) -> MathFileTask:
     """Registry factory: the file-backed math task described by `cfg`."""
     return MathFileTask(cfg)
