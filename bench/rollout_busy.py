@@ -44,7 +44,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drmas import assembly  # noqa: E402
-from drmas.config.load import load_config  # noqa: E402
 from drmas.engines.base import request_level  # noqa: E402
 from drmas.engines.embedded import EmbeddedEngine  # noqa: E402
 from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner  # noqa: E402
@@ -169,12 +168,12 @@ def main() -> None:
     parser.add_argument("--profile", default=None, help="write a cProfile of the rollout phases here")
     parser.add_argument("overrides", nargs="*", help="config overrides (key=value)")
     args = parser.parse_args()
-    cfg = load_config(args.config, args.overrides)
+    cfg = assembly.load_config(args.config, args.overrides)
     cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_batch_size=args.batch))
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
     task = assembly.build_task(cfg)
-    served = sorted({a.model for a in cfg.agents.values()})
+    served = sorted({a.model for a in cfg.agents.values() if a.model})  # none: a scripted agent
     engines = {m: assembly.build_engine(cfg, m, assembly.model_path(cfg, m), 0) for m in served}
     if not all(isinstance(e, EmbeddedEngine) for e in engines.values()):
         raise SystemExit("bench/rollout_busy.py measures the embedded engine (rollout.engine=embedded)")
