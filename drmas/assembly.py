@@ -167,10 +167,13 @@ def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str,
 
 
 def build_engine(cfg: DrmasConfig, model_id: str, path: Path, seed: int):
-    """The configured engine (`rollout.engine`, `rollout.engine_args`) serving `model_id` from `path`."""
+    """The configured engine (`rollout.engine`, `rollout.engine_args`) serving `model_id` from `path`, in the
+    model's compute dtype (the precision its learner computes in, see `drmas.models.devices`)."""
+    from drmas.models.loading import compute_dtype
+
     factory = ENGINES.lookup(cfg.rollout.engine, "rollout.engine")
     mcfg = cfg.models[model_id]
-    return factory(model_id, path, mcfg.dtype, cfg.rollout.max_batch_size, seed,
+    return factory(model_id, path, compute_dtype(mcfg), cfg.rollout.max_batch_size, seed,
                    engine_args=dict(cfg.rollout.engine_args), device=mcfg.device)
 
 

@@ -58,17 +58,18 @@ class ColocatedRun:
         self.accuracy: dict[str, float] = {}
 
     def _build_models(self) -> None:
-        from drmas.models.loading import load_model
+        from drmas.models.loading import compute_dtype, load_model, torch_dtype
 
         for model_id, mcfg in self.cfg.models.items():
             path = assembly.model_path(self.cfg, model_id)
             self.engines[model_id] = assembly.build_engine(self.cfg, model_id, path, self.cfg.trainer.seed)
             agents = assembly.trained_agents(self.cfg, model_id)
             if mcfg.trainable and agents:
-                model, tokenizer = load_model(path, dtype=mcfg.dtype)
-                model.to(resolve_device(mcfg.device, f"models.{model_id}.device"))
+                device = resolve_device(mcfg.device, f"models.{model_id}.device")
+                model, tokenizer = load_model(path, dtype=mcfg.dtype, device=device)
                 weights = {n: self.cfg.agents[n].loss_weight for n in agents}
-                self.trainers[model_id] = PolicyTrainer(model_id, model, mcfg.optim, self.cfg.algorithm, weights)
+                self.trainers[model_id] = PolicyTrainer(model_id, model, mcfg.optim, self.cfg.algorithm, weights,
+                                                        compute_dtype=torch_dtype(compute_dtype(mcfg)))
                 self.tokenizers[model_id] = tokenizer
 
     # ---- checkpoints -------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from drmas.core.sample import Sample
 from drmas.learner.collate import float_rows, response_logprobs
 from drmas.learner.loss import ppo_loss
 from drmas.learner.ranks.single import SingleRank
-from drmas.models.devices import training_autocast
+from drmas.models.devices import compute_autocast, exact_float32
 from drmas.weights.learner.source import WeightSource
 
 
@@ -40,12 +40,19 @@ class PolicyTrainer:
         algorithm: AlgorithmConfig,
         agent_loss_weights: Mapping[str, float] | None = None,
         ranks: SingleRank | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
+        """`compute_dtype`: what the forward passes compute in (the precision contract of `drmas.models.devices`;
+        default: the parameters' dtype)."""
         self.model_id = model_id
         self.ranks = ranks or SingleRank()
         self.model = self.ranks.prepare(model)  # sharded before the optimizer sees the parameters
         self.model.train()
-        self.device = next(model.parameters()).device  # float32 master weights here; autocast on CUDA
+        first = next(model.parameters())
+        self.device = first.device  # the master weights' device and dtype
+        self.compute_dtype = compute_dtype or first.dtype
+        self._autocast = lambda: compute_autocast(self.device, first.dtype, self.compute_dtype)
+        exact_float32(self.device)
         self.optim_cfg = optim
         self.alg = algorithm
         self.agent_loss_weights = dict(agent_loss_weights or {})
@@ -76,7 +83,7 @@ class PolicyTrainer:
         """Learner log-probs of every response token (no gradient), in sample order."""
         out: list[torch.Tensor | None] = [None] * len(samples)
         for idx, micro in self._micro_batches(samples):
-            with training_autocast(self.device):
+            with self._autocast():
                 lps = response_logprobs(self.model, micro)
             for i, lp in zip(idx, lps):
                 out[i] = lp.detach().float()
@@ -142,7 +149,7 @@ class PolicyTrainer:
         loss_total, stats_acc = 0.0, defaultdict(list)
         for local, micro in self._micro_batches(part):
             idx = [int(chunk[j]) for j in local]
-            with training_autocast(self.device):
+            with self._autocast():
                 logps = response_logprobs(self.model, micro)
             for i, lp in zip(idx, logps):
                 if proximal[i] is None:

@@ -56,21 +56,22 @@ MAX_FAILED_UPDATES = 3  # failed updates in a row after which the learner gives 
 DROP_UPDATE_FAILED = "update_failed"
 
 
-def precision(device: torch.device, model: torch.nn.Module) -> str:
+def precision(trainer: PolicyTrainer) -> str:
     """How the learner computes, in words (the log line users check first on a GPU)."""
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return f"{dtype} weights, bfloat16 autocast" if device.type == "cuda" else f"{dtype}"
+    weights = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
+    compute = str(trainer.compute_dtype).removeprefix("torch.")
+    return f"{weights} weights" if compute == weights else f"{weights} weights, {compute} autocast"
 
 
 def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device):
     """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one)."""
-    from drmas.models.loading import load_model
+    from drmas.models.loading import compute_dtype, load_model, torch_dtype
 
     mcfg = cfg.models[model_id]
-    model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype)
-    model.to(device)
+    model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype, device=device)
     weights = {a: cfg.agents[a].loss_weight for a in assembly.trained_agents(cfg, model_id)}
-    return PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks), tokenizer
+    return PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks,
+                         compute_dtype=torch_dtype(compute_dtype(mcfg))), tokenizer
 
 
 class UpdateFailed(RuntimeError):
@@ -111,6 +112,7 @@ class LearnerWorker:
                                                incarnation=self.lineage.incarnation,
                                                current_weights=self._current_weights,
                                                curve=server_keys(cfg.pipeline.buffer), device=self.device,
+                                               dtype=self.trainer.compute_dtype,
                                                joins_in_thread=self.source.concurrent)
         self.limits = SampleLimits.of_model(self.model, cfg.pipeline.buffer.max_sample_tokens)
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
@@ -142,7 +144,7 @@ class LearnerWorker:
         writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard)
         self.sender.start()
         log.info("learner of %r (agents %s) at version %d on %s (%s); rollouts join %s (%s)", self.model_id,
-                 self.agents, self.version, self.device, precision(self.device, self.model), self.sender.endpoint,
+                 self.agents, self.version, self.device, precision(self.trainer), self.sender.endpoint,
                  self.sender.backend)
         try:
             self._report_version()
@@ -218,6 +220,7 @@ class LearnerWorker:
         scalars.update({
             f"version/{m}": float(self.version),
             f"weight_sync/{m}/seconds": report.seconds,
+            f"weight_sync/{m}/mb": report.bytes / 1e6,  # per rollout, in the engines' dtype (the compute dtype)
             f"weight_sync/{m}/receivers": float(len(report.receivers_ok)),
             f"weight_sync/{m}/dropped": float(len(report.receivers_dropped)),
             f"weight_sync/{m}/learner_sends": float(report.learner_sends),  # passes over the model (1: flat)
