@@ -58,17 +58,25 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def agent_line(step: int, scalars: Mapping[str, float], agents: list[str], models: list[str]) -> str:
-    """One compact console line: per-agent reward/advantage/valid share, per-model loss and grad norm."""
+    """One compact console line: per-agent reward/advantage/valid share, per-model loss and grad norm.
+
+    An agent the step's episodes never called (a reviser after only right answers, a learner's batch of
+    another agent's groups) has no numbers: it says so instead of printing nan."""
     parts = [f"step {step:>4}"]
     for a in agents:
-        r = scalars.get(f"reward/{a}/mean", float("nan"))
+        if f"reward/{a}/mean" not in scalars:
+            parts.append(f"{a}: no calls")
+            continue
+        r = scalars[f"reward/{a}/mean"]
         sq = scalars.get(f"advantage/{a}/sq_mean", float("nan"))
         v = scalars.get(f"valid/{a}", float("nan"))
         parts.append(f"{a}: r={r:+.3f} A2={sq:.2f} valid={v:.2f}")
     for m in models:
+        if f"loss/{m}" not in scalars:
+            parts.append(f"{m}: no update")
+            continue
         g = scalars.get(f"grad_norm/{m}", float("nan"))
-        loss = scalars.get(f"loss/{m}", float("nan"))
-        parts.append(f"{m}: loss={loss:+.4f} |g|={g:.3f}")
+        parts.append(f"{m}: loss={scalars[f'loss/{m}']:+.4f} |g|={g:.3f}")
     return " | ".join(parts)
 
 
@@ -80,9 +88,18 @@ def reward_stats_line(stats: Mapping[str, Mapping[str, float]]) -> str:
 
 def spike_summary(values: list[float], factor: float = 3.0) -> dict[str, float]:
     """Median, max and the number of steps whose value exceeds `factor` x the running median of the
-    steps before it: the gradient-spike count used to compare normalisation modes."""
+    steps before it: the gradient-spike count used to compare normalisation modes.
+
+    The running median is taken over the earlier *non-zero* values: a gradient norm of 0 is a step without
+    a gradient (every group's rewards equal), not a scale, and any gradient after it would count as a spike
+    against a median of 0. A step with no non-zero value before it is never a spike."""
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return {"median": float("nan"), "max": float("nan"), "spikes": 0.0}
-    spikes = sum(1 for i in range(1, len(finite)) if finite[i] > factor * float(np.median(finite[:i])))
+    spikes, earlier = 0, []
+    for value in finite:
+        if earlier and value > factor * float(np.median(earlier)):
+            spikes += 1
+        if value != 0:
+            earlier.append(value)
     return {"median": float(np.median(finite)), "max": float(max(finite)), "spikes": float(spikes)}
