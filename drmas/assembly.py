@@ -98,7 +98,8 @@ def build_orchestra(cfg: DrmasConfig, task: Task) -> Orchestra:
     factory = ORCHESTRAS.get(cfg.system.name)
     extra = {}
     if getattr(factory, "needs_retriever", False):  # the search system: its retriever is built from `retrieval`
-        extra["retriever"] = build_retriever(cfg.retrieval, task)
+        extra["retriever"] = build_retriever(cfg.retrieval, task,
+                                             show_progress=process.progress_bars_on(cfg.logging.progress_bar))
         extra["topk"] = cfg.retrieval.topk
     return factory(cfg.system, agents_by_role, task, **extra)
 

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from drmas.config import ConfigError, iter_help, to_yaml
+from drmas.runtime.process import quiet_progress_bars
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_progress_bars()  # output to a file or a pipe: no bars (each update would be a line)
     if getattr(args, "func", None) is not None:  # sub-commands that own their arguments
         return args.func(args)
     try:

@@ -28,6 +28,7 @@ from drmas.models import checkpoint
 from drmas.models.devices import resolve_device
 from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
 from drmas.runtime.metrics import MetricsWriter, agent_line, spike_summary
+from drmas.runtime.process import progress_bars_on
 from drmas.runtime.run_dir import claim_output_dir
 from drmas.tasks.sampler import ProblemSampler
 
@@ -180,4 +181,4 @@ def _progress(cfg: DrmasConfig, initial: int):
     from tqdm import tqdm
 
     return tqdm(total=cfg.trainer.steps, initial=initial, desc="train", unit="step",
-                disable=not cfg.logging.progress_bar, leave=False)
+                disable=not progress_bars_on(cfg.logging.progress_bar), leave=False)

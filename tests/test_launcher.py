@@ -125,6 +125,8 @@ def test_launcher_runs_the_pipeline_through_a_dead_rollout_and_a_dead_learner(tm
     finally:
         run.cleanup()
     output = run.output()
+    # no progress bar in the merged log (transformers' weight loading and saving drew one per model load)
+    assert not re.search(r"it/s\]|\d+%\|", output), [line for line in output.splitlines() if "it/s]" in line][:3]
     assert "rollout-0 exited with code -9: restarting it in 0.5 s (restart 1 of 3)" in output
     assert len(re.findall(r"started rollout-0 \(pid \d+ on GPUs 6\)", output)) == 2  # the same GPU again
     assert "learner-policy exited with code -9: restarting it in 0.5 s (restart 1 of 3)" in output

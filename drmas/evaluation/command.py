@@ -100,6 +100,8 @@ def run_evaluation(ev: Evaluation, questions_per_chunk: Optional[int] = None,
     trainer.output_dir, and return the report (the content of eval.json)."""
     from tqdm import tqdm
 
+    from drmas.runtime.process import progress_bars_on
+
     cfg, k = ev.cfg, ev.cfg.eval.k
     if questions_per_chunk is None:
         questions_per_chunk = max(1, CHUNK_BATCHES * cfg.rollout.max_batch_size // k)
@@ -122,7 +124,7 @@ def run_evaluation(ev: Evaluation, questions_per_chunk: Optional[int] = None,
     runs: list[BenchmarkSamples] = []
     try:
         with tqdm(total=total, initial=resumed * k, desc="eval", unit="episode",
-                  disable=not cfg.logging.progress_bar) as bar:
+                  disable=not progress_bars_on(cfg.logging.progress_bar)) as bar:
             for name, problems in ev.benchmarks.items():
                 bar.set_postfix_str(name)
                 finished = {uid: outcomes for (bench, uid), outcomes in done.items() if bench == name}

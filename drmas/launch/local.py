@@ -31,6 +31,7 @@ from drmas.launch.gpus import GpuAssignment, visible_gpus
 from drmas.launch.supervisor import Child, Supervisor
 from drmas.models.devices import check_ranks
 from drmas.runtime.endpoints import learner_address
+from drmas.runtime.process import QUIET_PROGRESS_ENV
 
 
 def assign_ports(cfg: DrmasConfig) -> DrmasConfig:
@@ -81,17 +82,19 @@ def child_command(python: str, module: str, config: str, args: list[str], ranks:
 
 
 def pump_lines(stream, emit) -> None:
-    """Hand each line of a child's output to `emit` (tqdm's \\r updates become lines; blank lines dropped)."""
+    """Hand each line of a child's output to `emit` (a \\r still written by a bar ends a line; blank lines dropped)."""
     for raw in stream:
         for line in raw.decode(errors="replace").replace("\r", "\n").splitlines():
             if line.strip():
                 emit(line)
 
 
-def popen_session(command: list[str], **kwargs) -> subprocess.Popen:
-    """A child in a session of its own, output piped (stderr merged), no stdin."""
+def popen_session(command: list[str], env: Optional[dict] = None, **kwargs) -> subprocess.Popen:
+    """A child in a session of its own, output piped (stderr merged), no stdin, and no progress bars (each of
+    their updates would be a line of the merged log)."""
+    env = {**(os.environ if env is None else env), **QUIET_PROGRESS_ENV}
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, **kwargs)
+                            start_new_session=True, env=env, **kwargs)
 
 
 def signal_group(proc: subprocess.Popen, sig: int) -> None:
