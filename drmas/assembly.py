@@ -9,6 +9,7 @@ against the registries, before any process starts or any model is built.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Sequence
 
@@ -87,6 +88,17 @@ def _engine_problems(cfg: DrmasConfig) -> list[str]:
             "distribution while the learner recomputes the full softmax(logits / T), so the importance weights of "
             f"{', '.join(agents)} would be wrong; train with top_p=1 (evaluation may use any top_p)")
     return found
+
+
+def require_packages(cfg: DrmasConfig) -> None:
+    """ValueError naming the key when a component the config chooses needs a package this machine lacks (the
+    vLLM engine): asked where the components will run, before anything starts, rather than in
+    `check_components`, so a config for a GPU cluster can still be shown and checked on a laptop."""
+    engine = ENGINES.get(cfg.rollout.engine)
+    needs = getattr(engine, "needs", None)  # (module, how to install it)
+    if needs is not None and importlib.util.find_spec(needs[0]) is None:
+        raise ValueError(f"rollout.engine={cfg.rollout.engine}: the {needs[0]} package is not installed here: "
+                         f"{needs[1]}")
 
 
 def build_task(cfg: DrmasConfig) -> Task:

@@ -29,7 +29,7 @@ from drmas.models.devices import resolve_device
 from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
 from drmas.runtime.metrics import MetricsWriter, agent_line, spike_summary
 from drmas.runtime.process import progress_bars_on
-from drmas.runtime.run_dir import claim_output_dir
+from drmas.runtime.run_dir import check_output_dir, claim_output_dir
 from drmas.tasks.sampler import ProblemSampler
 
 
@@ -37,7 +37,8 @@ class ColocatedRun:
     def __init__(self, cfg: DrmasConfig, log=print) -> None:
         self.cfg = cfg
         self.log = log
-        self.out = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
+        check_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)  # claimed once all else is
+        assembly.require_packages(cfg)
         if cfg.trainer.threads > 0:
             torch.set_num_threads(cfg.trainer.threads)
         checkpoint.seed_everything(cfg.trainer.seed)
@@ -53,6 +54,9 @@ class ColocatedRun:
         self.eval_runner = EpisodeRunner(self.orchestra, self.engines,
                                          assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
                                          cfg.algorithm.invalid_penalty, seed=seed)
+        # built and checked (data files, models, devices): only now is the directory claimed, so a refused run
+        # leaves nothing that would refuse the corrected command (nor deleted the old run for trainer.overwrite)
+        self.out = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
         self.step = 0
         self.saved_step: int | None = None  # step of the newest checkpoint written or resumed from
         self.history: dict[str, list[float]] = defaultdict(list)

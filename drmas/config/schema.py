@@ -292,9 +292,10 @@ class PipelineConfig:
     )
     learner_hosts: dict[str, str] = _f(dict, "Model id -> weight-sync address of that model's learner.")
     learner_base_port: int = _f(
-        5610,
+        0,
         "Weight-sync control port of the first trained model (in the order of `models`), +1 for the next, ... "
-        "0 = `drmas run` picks free ports (processes started by hand need real ports).",
+        "0: `drmas run` picks free ports (so runs on one machine never collide); processes started by hand need "
+        "real ones (e.g. 5610), the same in every process's config.",
     )
     learner_ports: dict[str, int] = _f(dict, "Model id -> weight-sync control port, overriding learner_base_port.")
 

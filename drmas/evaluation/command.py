@@ -67,6 +67,7 @@ def prepare(cfg: DrmasConfig, checkpoint: Optional[Path], version: Optional[int]
     `checkpoint` is one checkpoint or a run directory (each trained model's newest complete checkpoint, or
     `version`'s). Raises ValueError / FileNotFoundError / KeyError naming the config key or path at fault."""
     validate_eval_config(cfg.eval)
+    assembly.require_packages(cfg)
     if cfg.trainer.threads > 0:
         import torch
 

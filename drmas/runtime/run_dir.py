@@ -20,9 +20,10 @@ class OutputDirError(ValueError):
     """The output directory holds another run and the config says neither resume nor overwrite."""
 
 
-def claim_output_dir(path: str | Path, resume: bool, overwrite: bool, key: str = "trainer.output_dir") -> Path:
-    """Make `path` ready for a run: created if missing; refused if it holds anything, unless resuming, or
-    emptied first when `overwrite` and it is a drmas run directory. Returns the path."""
+def check_output_dir(path: str | Path, resume: bool, overwrite: bool, key: str = "trainer.output_dir") -> Path:
+    """Whether `path` may take a run (see `claim_output_dir`), without changing anything: OutputDirError if
+    not. A launcher asks this first and claims the directory only once every other check has passed, so a
+    run refused for another reason leaves nothing behind that would refuse the corrected command."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"{key}={out} is a file, not a directory")
@@ -39,6 +40,14 @@ def claim_output_dir(path: str | Path, resume: bool, overwrite: bool, key: str =
                 f"{key}={out} is not empty and holds no {RUN_MARKER}, so it does not look like a drmas run: "
                 "refusing to delete it for trainer.overwrite=true; choose an empty or new directory"
             )
+    return out
+
+
+def claim_output_dir(path: str | Path, resume: bool, overwrite: bool, key: str = "trainer.output_dir") -> Path:
+    """Make `path` ready for a run: created if missing; refused if it holds anything, unless resuming, or
+    emptied first when `overwrite` and it is a drmas run directory. Returns the path."""
+    out = check_output_dir(path, resume, overwrite, key)
+    if out.is_dir() and any(out.iterdir()) and not resume:  # overwrite (checked above): replace the old run
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
