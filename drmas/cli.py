@@ -74,7 +74,15 @@ def _run(cfg) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"drmas: {exc}", file=sys.stderr)
         return 2
-    summary = run.run()
+    except KeyboardInterrupt:  # Ctrl-C while the models are built: nothing to save yet
+        print("drmas: interrupted before training started", file=sys.stderr)
+        return 130
+    try:
+        summary = run.run()  # a signal stops it cleanly (saved, exit 0); a second one lands here
+    except KeyboardInterrupt:
+        print(f"drmas: stopped at once by a second signal, at step {run.step}; the last complete checkpoint is "
+              f"{'none' if run.saved_step is None else f'step {run.saved_step}'}", file=sys.stderr)
+        return 130
     print_summary(summary, cfg)
     return 0
 

@@ -133,7 +133,7 @@ def test_launcher_runs_the_pipeline_through_a_dead_rollout_and_a_dead_learner(tm
     assert _pids(output)["rollout-0"] != first_rollout and all(_gone(pid) for pid in _pids(output).values())
     assert re.search(r"\[learner-policy\] .*resumed from \S+ at version [23]", output), output[-3000:]
     steps = [r["step"] for r in read_metrics(metrics)]
-    assert steps[-1] == 5 and set(steps) == {1, 2, 3, 4, 5}
+    assert steps == [1, 2, 3, 4, 5]  # the restarted learner's steps replace what the killed one logged past its checkpoint
     assert set(_pids(output)) == {"buffer", "learner-policy", "rollout-0", "rollout-1"}
     for name in ("buffer", "learner-policy", "rollout-0", "rollout-1"):  # merged, and each in its own log file
         assert f"[{name}] " in output and "INFO" in (out / name / "process.log").read_text()

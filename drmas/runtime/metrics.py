@@ -16,17 +16,26 @@ import numpy as np
 
 
 class MetricsWriter:
-    """Fan-out of per-step metrics to metrics.jsonl and (optionally) TensorBoard."""
+    """Fan-out of per-step metrics to metrics.jsonl and (optionally) TensorBoard.
 
-    def __init__(self, output_dir: str | Path, tensorboard: bool = True) -> None:
+    A run that resumes from its checkpoint of step `resumed_at` logs the steps after it again, and a stopped or
+    killed run may have logged some of them already (past its last checkpoint). So no step appears twice:
+    metrics.jsonl keeps only its records up to `resumed_at` (rewritten in one step), and TensorBoard hides the
+    earlier event files' points past it (`purge_step`, its own mechanism for exactly this)."""
+
+    def __init__(self, output_dir: str | Path, tensorboard: bool = True, resumed_at: int | None = None) -> None:
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(self.output_dir / "metrics.jsonl", "a", buffering=1)
+        path = self.output_dir / "metrics.jsonl"
+        if resumed_at is not None and path.exists():
+            _keep_records_up_to(path, resumed_at)
+        self._jsonl = open(path, "a", buffering=1)
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"))
+            purge = None if resumed_at is None else resumed_at + 1
+            self._tb = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"), purge_step=purge)
 
     def log(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray] | None = None) -> None:
         clean = {k: float(v) for k, v in scalars.items()}
@@ -49,6 +58,21 @@ class MetricsWriter:
         self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _keep_records_up_to(path: Path, step: int) -> None:
+    """Drop the records of metrics.jsonl after `step` (a torn last line, from a kill mid-write, goes too)."""
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("step", 0) <= step:
+            kept.append(line + "\n")
+    staged = path.with_name(path.name + ".tmp")
+    staged.write_text("".join(kept))
+    staged.replace(path)
 
 
 def read_metrics(path: str | Path) -> list[dict]:

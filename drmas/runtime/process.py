@@ -23,14 +23,25 @@ from drmas.config.schema import DrmasConfig
 
 
 class StopFlag:
-    """Set by SIGTERM or SIGINT (or `set()`); loops poll it or `wait` on it instead of sleeping."""
+    """Set by SIGTERM or SIGINT (or `set()`); loops poll it or `wait` on it instead of sleeping.
+
+    The handlers are installed for the process (only the main thread can), and `restore()` puts back the ones
+    they replaced, for a loop that runs inside a longer-lived program (the colocated run in a benchmark or a
+    test)."""
 
     def __init__(self, install: bool = True) -> None:
         self._event = threading.Event()
         self.signal_name = ""
-        if install:
+        self._replaced: dict = {}
+        if install and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self._on_signal)
+                self._replaced[sig] = signal.signal(sig, self._on_signal)
+
+    def restore(self) -> None:
+        """Put back the signal handlers this flag replaced."""
+        for sig, handler in self._replaced.items():
+            signal.signal(sig, handler)
+        self._replaced = {}
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._event.is_set():
