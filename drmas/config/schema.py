@@ -218,8 +218,10 @@ class EvalConfig:
     )
     resume: bool = _f(
         False,
-        "`drmas eval`: continue the evaluation in trainer.output_dir: questions it finished (eval_questions.jsonl) "
-        "are kept, not sampled again; refused if the sampling settings changed. A larger max_questions extends it.",
+        "`drmas eval`: continue the evaluation of the same checkpoint and settings (its directory under "
+        "<trainer.output_dir>/evals/): questions it finished (eval_questions.jsonl) are kept, not sampled again; "
+        "refused, naming them, if the sampling settings changed. A larger max_questions extends it. Without it, "
+        "an evaluation that was already run is refused (each evaluation has a directory of its own).",
     )
 
 
