@@ -1,6 +1,6 @@
 """bench/stability.py end to end for two steps of one mode: the colocated loop really trains, the recorded
 calls feed the statistics, and under `global` the measured E[A^2] equals the paper's formula per agent (the
-figures of the README table come from exactly this path)."""
+figures of the table in docs/stability.md come from exactly this path)."""
 
 from __future__ import annotations
 
