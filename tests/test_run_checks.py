@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from pipeline_harness import SMOKE, SMOKE_ASYNC, smoke_model  # noqa: F401  (a fixture)
+from pipeline_harness import SMOKE, SMOKE_ASYNC, free_ports, smoke_model  # noqa: F401  (a fixture)
 from unreadable import unreadable_file
 
 from drmas import assembly
@@ -55,6 +55,27 @@ def busy_port():
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         yield sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("process", ["buffer", "learner"])
+def test_a_hand_started_process_on_a_busy_port_says_which_key_in_one_line(process, tmp_path, busy_port, smoke_model):
+    """Before: a ZMQError traceback ('Address already in use')."""
+    (other,) = free_ports(1)
+    free = [f"pipeline.buffer.{key}=tcp://127.0.0.1:{port}" for key, port in
+            (("producer_endpoint", busy_port), ("consumer_endpoint", other))]
+    if process == "buffer":
+        command, key = ["drmas.buffer.main", "--config", str(SMOKE), *free], "pipeline.buffer.producer_endpoint"
+    else:
+        command = ["drmas.learner.main", "--model", "policy", "--config", str(SMOKE), "pipeline.buffer."
+                   "producer_endpoint=tcp://127.0.0.1:5601", "pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:5602",
+                   f"pipeline.learner_base_port={busy_port}"]
+        key = "pipeline.learner_base_port"
+    done = subprocess.run([sys.executable, "-m", *command, "pipeline.mode=async", f"trainer.output_dir={tmp_path}",
+                           "trainer.threads=1"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith(f"drmas-{process}: cannot listen")]
+    assert "Address already in use" in line and key in line and str(busy_port) in line
 
 
 @pytest.mark.parametrize("case", ["busy port", "cuda on a CPU machine", "vllm not installed"])

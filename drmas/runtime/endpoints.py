@@ -97,6 +97,16 @@ def bind_problem(host: str, port: int) -> Optional[str]:
         probe.close()
 
 
+def listen_error(cfg: DrmasConfig, exc: Exception, buffer: bool = False, learners: Iterable[str] = ()) -> str:
+    """One line for a process started by hand that could not listen (ZeroMQ's bind failed, typically a port
+    another process holds), naming the keys of the endpoints it binds instead of a traceback."""
+    keys = [f"pipeline.buffer.{key}={getattr(cfg.pipeline.buffer, key)}" for key in BUFFER_ENDPOINTS if buffer]
+    keys += [f"the weight-sync port {learner_endpoint(cfg, model)} of model {model!r} (pipeline.learner_ports."
+             f"{model} or pipeline.learner_base_port)" for model in learners]
+    return (f"cannot listen: {exc}; check {', '.join(keys)}: another process may hold the port (choose another, "
+            "the same in every process's config, or let `drmas run` pick free ones)")
+
+
 def unusable_ports(cfg: DrmasConfig, models: Iterable[str]) -> list[str]:
     """What stops the run's processes on this machine from listening where the config fixes their ports (a
     port in use, an address not of this machine, one port given twice), one message per key."""
