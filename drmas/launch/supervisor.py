@@ -138,6 +138,9 @@ class Supervisor(ABC):
                 self._check()
                 if not self.cfg.trainer.resume:  # builds the system as the rollouts will (its retriever's corpus
                     accuracy["before"] = self._heldout("before")  # included): the same refusals, before anything
+                if stop.is_set():  # Ctrl-C during the checks or the initial evaluation: nothing written yet
+                    self._say("launcher", f"{stop.signal_name} received before any process started: stopping")
+                    return 130
                 run_dir = self._claim()
             except (FileNotFoundError, ValueError, ImportError) as exc:
                 print(f"drmas: {exc}", file=sys.stderr)
