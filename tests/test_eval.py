@@ -179,7 +179,12 @@ def test_each_evaluation_has_a_directory_of_its_own_and_running_one_again_is_ref
     from drmas.runtime.run_dir import check_output_dir
 
     run = tmp_path / "run"
-    assert _eval(run) == 0
+
+    def one_question(*args: str) -> int:
+        return cli(["eval", "--config", str(SMOKE), f"trainer.output_dir={run}", "eval.k=2", "eval.max_questions=1",
+                    *args])
+
+    assert one_question() == 0
     first = _evaluation(run)
     assert sorted(p.name for p in run.iterdir()) == ["evals"]
     assert {"eval.json", "eval.md", "eval_questions.jsonl", "eval_run.json", "tensorboard"} <= \
@@ -187,14 +192,14 @@ def test_each_evaluation_has_a_directory_of_its_own_and_running_one_again_is_ref
     check_output_dir(run, resume=False, overwrite=False)  # evaluating first does not block training there
     capsys.readouterr()
 
-    assert _eval(run) == 2  # the same evaluation again: refused, nothing rewritten
+    assert one_question() == 2  # the same evaluation again: refused, nothing rewritten
     err = capsys.readouterr().err
     assert f"{first} already holds this evaluation" in err and "eval.resume=true" in err
     assert len(list((first / "tensorboard").iterdir())) == 1
 
-    assert _eval(run, "eval.k_temperature=0.9") == 0  # other settings: another directory
+    assert one_question("eval.k_temperature=0.9") == 0  # other settings: another directory
     assert len(list((run / "evals").iterdir())) == 2
-    assert _eval(run, "eval.resume=true") == 0  # continuing the first one: its points are not doubled
+    assert one_question("eval.resume=true") == 0  # continuing the first one: its points are not doubled
     scalars = _scalars(first / "tensorboard")
     assert [step for step, _ in scalars["eval/arithmetic/avg@k"]] == [0]
 
