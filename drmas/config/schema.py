@@ -195,8 +195,10 @@ class EvalConfig:
     )
     resume: bool = _f(
         False,
-        "`drmas eval`: continue the evaluation in trainer.output_dir: questions it finished (eval_questions.jsonl) "
-        "are kept, not sampled again; refused if the sampling settings changed. A larger max_questions extends it.",
+        "`drmas eval`: continue the evaluation of the same checkpoint and settings (its directory under "
+        "<trainer.output_dir>/evals/): questions it finished (eval_questions.jsonl) are kept, not sampled again; "
+        "refused, naming them, if the sampling settings changed. A larger max_questions extends it. Without it, "
+        "an evaluation that was already run is refused (each evaluation has a directory of its own).",
     )
 
 
@@ -272,9 +274,10 @@ class PipelineConfig:
     )
     learner_hosts: dict[str, str] = _f(dict, "Model id -> weight-sync address of that model's learner.")
     learner_base_port: int = _f(
-        5610,
+        0,
         "Weight-sync control port of the first trained model (in the order of `models`), +1 for the next, ... "
-        "0 = `drmas run` picks free ports (processes started by hand need real ports).",
+        "0: `drmas run` picks free ports (so runs on one machine never collide); processes started by hand need "
+        "real ones (e.g. 5610), the same in every process's config.",
     )
     learner_ports: dict[str, int] = _f(dict, "Model id -> weight-sync control port, overriding learner_base_port.")
 
