@@ -24,25 +24,28 @@ from drmas.runtime.metrics import read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 CODE_REVIEW = ROOT / "examples" / "code_review" / "code_review.yaml"
 DEBATE = ROOT / "examples" / "debate" / "debate.yaml"
-# the shipped configs' SmolLM2 replaced by the smoke run's tiny model; two steps of two groups of four
+# the shipped configs' SmolLM2 replaced by the smoke run's tiny model; two steps of two groups of four; one torch thread
+# (several threads on a busy 2-core machine made a colocated step 50 s instead of 4 s)
 TINY = ["models.policy.builtin=tiny", "models.policy.tiny.prime_steps=200", "models.policy.optim.lr=1e-3",
         "rollout.group_size=4", "rollout.prompts_per_step=2", "algorithm.micro_batch_size=16", "trainer.steps=2",
-        "trainer.checkpoint_interval=0", "eval.n_problems=2", "logging.tensorboard=false"]
+        "trainer.checkpoint_interval=0", "trainer.threads=1", "eval.n_problems=2", "logging.tensorboard=false"]
 # primed on code blocks and asserts (with made-up function names): its tester's asserts parse now and then, so
 # the tester's rewards vary and a gradient flows; its coder never names the task's function (reward 0 - penalty)
 CODE_TINY = [*TINY, "models.policy.tiny.prime_system=code", "agents.coder.max_new_tokens=32",
              "agents.tester.max_new_tokens=32", "system.sandbox.workers=2"]
-# sums of numbers up to 6, which the math-primed tiny model writes (as configs/stability.yaml)
-DEBATE_TINY = [*TINY, "rollout.max_new_tokens=16", "task.max_value=6", "task.operations=+",
+# sums of numbers up to 6, which the math-primed tiny model writes (as configs/stability.yaml: 36 distinct sums,
+# so fewer held-out problems than the shipped 200)
+DEBATE_TINY = [*TINY, "rollout.max_new_tokens=16", "task.max_value=6", "task.operations=+", "task.n_test=16",
                "task.answer_extraction=flexible"]
 EVAL = ["eval.k=2", "eval.max_questions=2", "logging.progress_bar=false"]
 
 
 def _eval(config: Path, overrides: list[str], run: Path, out: Path) -> dict:
-    """`drmas eval` of the run's final checkpoint; its report."""
+    """`drmas eval` of the run's final checkpoint; its report (`evals/step_<N>-k<k>-<digest>/eval.json`)."""
     assert main(["eval", "--config", str(config), "--checkpoint", str(run), *overrides, *EVAL,
                  f"trainer.output_dir={out}"]) == 0
-    return json.loads((out / "eval.json").read_text())
+    (report,) = (out / "evals").glob("step_2-k2-*/eval.json")
+    return json.loads(report.read_text())
 
 
 @pytest.mark.timeout(600)
