@@ -52,6 +52,9 @@ from drmas.api import (
 
 CODER, TESTER = "coder", "tester"
 COVERAGE = ("fraction", "all")
+# the tester's request ends by naming the function: untrained SmolLM2-135M, asked without it, repeated the coder's
+# code on all 9 held-out tasks; with it, 4 of 9 replies held asserts (README, "What models make of it")
+_ASK = "Write assert statements that call {name} on a few inputs and check its results; do not rewrite {name}."
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
 
@@ -149,11 +152,12 @@ class Tester(RoleAgent):
 
     def demonstrations(self) -> list[tuple[str, str]]:
         return [('def double(x: int) -> int:\n    """Return x times two."""\n\nCode to test:\n```python\n'
-                 'def double(x: int) -> int:\n    return x + 2\n```',
+                 'def double(x: int) -> int:\n    return x + 2\n```\n' + _ASK.format(name="double"),
                  "```python\nassert double(0) == 0\nassert double(3) == 6\nassert double(-2) == -4\n```")]
 
     def user_prompt(self, problem: Problem, context: TeamContext) -> str:
-        return f"{problem.question}\nCode to test:\n```python\n{code_block(context.latest(CODER) or '')}\n```"
+        return (f"{problem.question}\nCode to test:\n```python\n{code_block(context.latest(CODER) or '')}\n```\n"
+                + _ASK.format(name=problem.meta["entry_point"]))
 
     def parse(self, text: str) -> Optional[str]:
         asserts = assert_statements(code_block(text))
