@@ -88,9 +88,9 @@ def test_a_new_learner_of_a_finished_model_reopens_it(make_buffer, clients) -> N
     producer, learner = clients.producer(buf), clients.consumer(buf)
     learner.report_version("m1", 3, "learner-of-m1", finished=True)
     learner.report_version("m2", 3, "learner-of-m2", finished=True)
-    assert producer.request_admission(4) == 0  # nobody trains: nothing is admitted
+    assert producer.request_admission(4) == []  # nobody trains: nothing is admitted
     learner.report_version("m2", 3, "learner-of-m2-again")  # resumed at its last version, more steps to go
-    assert producer.request_admission(4) > 0
+    assert producer.request_admission(4)
     send_group(producer, "after", 2, version=3)
     producer.flush()
     wait_until(lambda: buf.stats().depth.get("verifier") == 1)
@@ -119,7 +119,7 @@ def test_poisoned_samples_are_refused_with_their_reason_and_take_their_group_dow
     producer, learner = clients.producer(buf), clients.consumer(buf)
     expected = {"reward": "non_finite", "logprob": "non_finite", "token": "bad_token", "length": "too_long"}
     for field, reason in expected.items():
-        assert producer.request_admission(1) == 1
+        assert len(producer.request_admission(1)) == 1
         group = f"poison-{field}"
         good_id, good = episode(group, 0, agents=("solver",))
         producer.send_episode(group, 3, good_id, good)
@@ -135,7 +135,7 @@ def test_poisoned_samples_are_refused_with_their_reason_and_take_their_group_dow
     assert stats.rejected == {"non_finite": 2, "bad_token": 1, "too_long": 1, "group_discarded": 4}
     assert stats.dropped == {"refused_episode": 4} and conserved(stats)
     assert stats.running_groups == 0  # each dropped group gave its admission slot back at once
-    assert producer.request_admission(4) == 4
+    assert len(producer.request_admission(4)) == 4
 
 
 def test_header_only_validation_still_refuses_a_non_finite_reward(make_buffer, clients) -> None:

@@ -20,6 +20,9 @@ Bookkeeping per model (see `admission_capacity` for why these numbers):
 * ``running`` (shared by all models) admitted groups not yet complete: units of a lease, then, once
   the group's first episode arrives, the group itself until it completes or is abandoned. Lease units
   never claimed within the lease timeout are returned, so a crashed producer cannot hold the budget.
+
+A lease is a list of draw numbers (`drmas.buffer.draws`): a group claims the unit of its own draw, so the
+buffer knows which draws an expired lease or a vanished producer leaves undone.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from drmas.core.staleness import admission_capacity, is_too_stale
 @dataclass
 class _Lease:
     expires_at: float
-    units: int
+    draws: list[int]  # one unit per draw, claimed by the group of that draw
 
 
 class AdmissionController:
@@ -90,41 +93,52 @@ class AdmissionController:
             for m in training
         )
 
-    def grant(self, producer: str, n_groups: int, now: float) -> int:
-        """Grant up to `n_groups` to `producer` and lease them until it starts them (or the lease expires)."""
+    def wanted(self, n_groups: int) -> int:
+        """How many of `n_groups` may be granted now."""
         capacity = self.capacity()
-        granted = n_groups if capacity is None else min(n_groups, capacity)
-        if granted > 0:
-            self._leases.setdefault(producer, deque()).append(_Lease(now + self.lease_timeout_s, granted))
-            self.running += granted
-            self.granted_total += granted
-        return granted
+        return n_groups if capacity is None else min(n_groups, capacity)
 
-    def claim(self, producer: str) -> bool:
-        """A new group of `producer` started arriving: move one lease unit onto it, if it holds one."""
+    def lease(self, producer: str, draws: list[int], now: float) -> None:
+        """Lease the groups of `draws` to `producer` until it starts them (or the lease expires)."""
+        if draws:
+            self._leases.setdefault(producer, deque()).append(_Lease(now + self.lease_timeout_s, list(draws)))
+            self.running += len(draws)
+            self.granted_total += len(draws)
+
+    def holds(self, producer: str, draw: int) -> bool:
+        """Whether `producer` holds an unclaimed lease unit for `draw`."""
+        return any(draw in lease.draws for lease in self._leases.get(producer, ()))
+
+    def claim(self, producer: str, draw: int = -1) -> Optional[int]:
+        """A new group of `producer` started arriving: move the lease unit of its `draw` onto it (-1, a group
+        without a draw number: its oldest unit). Returns the draw of the unit claimed, None if it held none."""
         leases = self._leases.get(producer)
         if not leases:
-            return False
-        leases[0].units -= 1
-        if leases[0].units == 0:
-            leases.popleft()
-        return True
+            return None
+        for lease in leases:
+            if draw < 0 or draw in lease.draws:
+                claimed = lease.draws[0] if draw < 0 else draw
+                lease.draws.remove(claimed)
+                if not lease.draws:
+                    leases.remove(lease)
+                return claimed
+        return None
 
-    def expire(self, now: float) -> int:
-        """Return unclaimed lease units past their timeout to the budget; returns how many."""
-        returned = 0
+    def expire(self, now: float) -> list[int]:
+        """Return unclaimed lease units past their timeout to the budget; returns their draws."""
+        returned: list[int] = []
         for leases in self._leases.values():
             while leases and leases[0].expires_at <= now:
-                returned += leases.popleft().units
-        self.running -= returned
-        self.expired_total += returned
+                returned += leases.popleft().draws
+        self.running -= len(returned)
+        self.expired_total += len(returned)
         return returned
 
-    def release_producer(self, producer: str) -> int:
-        """Return every lease unit `producer` still holds (it disconnected); returns how many."""
-        returned = sum(lease.units for lease in self._leases.pop(producer, ()))
-        self.running -= returned
-        self.expired_total += returned
+    def release_producer(self, producer: str) -> list[int]:
+        """Return every lease unit `producer` still holds (it disconnected); returns their draws."""
+        returned = [draw for lease in self._leases.pop(producer, ()) for draw in lease.draws]
+        self.running -= len(returned)
+        self.expired_total += len(returned)
         return returned
 
     # ---- group outcomes ---------------------------------------------------------------------------

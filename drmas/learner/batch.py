@@ -15,7 +15,9 @@ sample of weights outside the learner's lineage (made by versions a killed learn
 checkpoint, see `drmas.core.lineage`), or with a sample the model cannot take (`drmas.learner.sample_limits`:
 token ids past its vocabulary, more tokens than its positions, non-finite values), is dropped whole (its
 agent's advantages need the whole part) and reported, so the buffer counts it and frees its admission slot
-for a replacement.
+for a replacement. So is a part of a draw this learner has trained already for that agent (`already_trained`:
+the group of a draw a restarted buffer handed out again before the learners told it what they had trained):
+a learner never trains one prompt twice.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 
 DROP_STALE = "stale"
 DROP_ORPHANED = "orphaned"
+DROP_ALREADY_TRAINED = "already_trained"
 
 
 @dataclass
@@ -54,16 +57,23 @@ class StepBatch:
     def samples(self) -> list[Sample]:
         return [s for g in self.groups for s in g.samples]
 
+    def prompts(self) -> dict[int, str]:
+        """Draw number -> problem uid of every group of the batch in the drawing order (`drmas.core.draws`)."""
+        return {g.draw: g.prompt for g in self.groups if g.draw >= 0}
+
 
 class GroupCollector:
     """Pulls the agent groups of one learner step, dropping (and reporting) parts beyond the bound."""
 
     def __init__(self, consumer: BufferConsumer, agents: Sequence[str], groups_per_step: int,
                  max_staleness: int, stop: StopFlag, poll_ms: int = 200,
-                 limits: SampleLimits | None = None, idle: Callable[[], None] | None = None) -> None:
+                 limits: SampleLimits | None = None, idle: Callable[[], None] | None = None,
+                 trained: Callable[[AgentGroup], bool] | None = None) -> None:
         """``idle``: called before every pull (at most ``poll_ms`` apart while the buffer has nothing): the
-        learner serves rollouts that joined meanwhile from its own thread (see `WeightSender.serve_joins`)."""
+        learner serves rollouts that joined meanwhile from its own thread (see `WeightSender.serve_joins`).
+        ``trained``: whether a part's draw was trained already for its agent (such a part is dropped)."""
         self.consumer = consumer
+        self.trained = trained
         self.idle = idle
         self.limits = limits
         self.agents = list(agents)
@@ -102,6 +112,10 @@ class GroupCollector:
                 violation = self._violation(part)
                 if violation is not None:
                     self._drop(part, violation, batch)
+                    continue
+                if part.draw >= 0 and ((self.trained is not None and self.trained(part)) or
+                                       any(g.agent == part.agent and g.draw == part.draw for g in batch.groups)):
+                    self._drop(part, DROP_ALREADY_TRAINED, batch)
                     continue
                 batch.groups.append(part)
                 group_ids.add(part.group_id)

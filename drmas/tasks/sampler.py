@@ -1,7 +1,11 @@
-"""Deterministic, resumable order in which training problems are drawn.
+"""The run's one drawing order of training problems: draw number -> problem, deterministic and resumable.
 
-Epoch e visits the train split in a permutation seeded by (seed, e); the whole state is one integer
-(how many problems were drawn), so a resumed run continues with exactly the problems it would have seen.
+Epoch e visits the train split in a permutation seeded by (seed, e), so draw d is problem
+``perm(seed, d // n)[d % n]`` of an n-problem split: a pure function of the seed and the draw number. The
+colocated loop draws 0, 1, 2, ... (its whole state is how many it drew); the asynchronous pipeline's buffer
+hands out draw numbers and every rollout maps them with `at`, so both modes train on the same prompts in
+the same order, and a resumed run continues with exactly the problems it would have seen (see
+`drmas.core.draws`).
 """
 
 from __future__ import annotations
@@ -22,16 +26,21 @@ class ProblemSampler:
         self._epoch = -1
         self._order: list[int] = []
 
+    def at(self, draw: int) -> Problem:
+        """The problem of draw number `draw` (>= 0)."""
+        if draw < 0:
+            raise ValueError(f"draw numbers are >= 0, got {draw}")
+        epoch, pos = divmod(draw, len(self.problems))
+        if epoch != self._epoch:
+            self._order = list(range(len(self.problems)))
+            random.Random(f"{self.seed}:{epoch}").shuffle(self._order)
+            self._epoch = epoch
+        return self.problems[self._order[pos]]
+
     def next(self, n: int) -> list[Problem]:
-        out = []
-        for _ in range(n):
-            epoch, pos = divmod(self.drawn, len(self.problems))
-            if epoch != self._epoch:
-                self._order = list(range(len(self.problems)))
-                random.Random(f"{self.seed}:{epoch}").shuffle(self._order)
-                self._epoch = epoch
-            out.append(self.problems[self._order[pos]])
-            self.drawn += 1
+        """The next `n` problems of the order (the colocated loop's draws)."""
+        out = [self.at(self.drawn + i) for i in range(n)]
+        self.drawn += n
         return out
 
     def state_dict(self) -> dict:
