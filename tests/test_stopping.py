@@ -113,12 +113,18 @@ def _tear(out: Path, step: int) -> Path:
 
 
 def _log_extra_step(out: Path, step: int) -> None:
-    """What a run killed after logging `step` and before its checkpoint leaves in its metrics."""
+    """What a run killed after logging `step` and before its checkpoint leaves in its metrics.
+
+    TensorBoard reads event files in name order, and a name is `<second>.<host>.<pid>.<n>`: within one second
+    and one process `.10` sorts before `.9`. A killed run and its restart are different processes seconds
+    apart; the pauses give these writers, all in this one process, the same order."""
     from drmas.runtime.metrics import MetricsWriter
 
+    time.sleep(1.1)
     writer = MetricsWriter(out, tensorboard=True)
     writer.log(step, {"loss/policy": 123.0})
     writer.close()
+    time.sleep(1.1)
 
 
 def test_resume_names_the_torn_checkpoint_it_skips_or_that_there_is_none_and_never_logs_a_step_twice(tmp_path):
