@@ -36,7 +36,6 @@ from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
 from drmas.runtime.metrics import PROMPTS_FILE, MetricsWriter, StepRecords, agent_line, spike_summary
 from drmas.runtime.process import StopFlag, progress_bars_on
 from drmas.runtime.run_dir import check_output_dir, claim_output_dir
-from drmas.tasks.sampler import ProblemSampler
 
 
 class StepAbandoned(Exception):
@@ -54,7 +53,8 @@ class ColocatedRun:
         checkpoint.seed_everything(cfg.trainer.seed)
         self.task = assembly.build_task(cfg)
         self.orchestra = assembly.build_orchestra(cfg, self.task)
-        self.sampler = ProblemSampler(self.task.split("train"), cfg.trainer.seed)
+        self.sampler = assembly.drawing_order(cfg, self.task)
+        assembly.check_drawing_order(cfg, cfg.trainer.output_dir, self.sampler)
         self.stats = AgentRewardStats(window=cfg.algorithm.running_stats_window)
         self.engines, self.trainers, self.tokenizers = {}, {}, {}
         self._build_models()
@@ -93,6 +93,7 @@ class ColocatedRun:
         models = {m: (t.model, self.tokenizers[m]) for m, t in self.trainers.items()}
         states = {m: t.state_dict() for m, t in self.trainers.items()}
         run_state = {"step": self.step, "stats": self.stats.state_dict(), "sampler": self.sampler.state_dict(),
+                     "order": self.sampler.fingerprint(),
                      "accuracy": self.accuracy, "history": self.history}
         path = checkpoint.save_checkpoint(self.out, self.step, models, states, run_state,
                                           keep=self.cfg.trainer.keep_checkpoints)

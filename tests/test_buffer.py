@@ -289,6 +289,8 @@ def test_messages_round_trip_and_carry_the_schema_version() -> None:
 def test_synchronous_admission_waits_for_the_learner_version(make_buffer, clients) -> None:
     buf = make_buffer(agent_models={"solver": "m1"}, groups_per_step={"m1": 2}, max_staleness=0)
     producer, learner = clients.producer(buf), clients.consumer(buf)
+    assert producer.request_admission(5) == []  # no learner heard from yet: its version is unknown
+    learner.report_version("m1", 0)
     assert producer.request_admission(5) == [0, 1]  # (0 + 0 + 1) * 2 groups: the first two draws
     assert producer.request_admission(1) == []  # both running
     for draw, g in enumerate(("a", "b")):
@@ -321,6 +323,7 @@ def test_unclaimed_leases_expire(make_buffer, clients) -> None:
     buf = make_buffer(agent_models={"solver": "m1"}, groups_per_step={"m1": 3}, max_staleness=0,
                       lease_timeout_s=0.2)
     producer = clients.producer(buf)
+    clients.consumer(buf).report_version("m1", 0)
     assert producer.request_admission(3) == [0, 1, 2]
     wait_until(lambda: producer.stats().expired_lease_groups == 3)
     assert producer.stats().running_groups == 0
@@ -434,6 +437,7 @@ def test_a_dead_producer_releases_its_budget_and_unfinished_groups(make_buffer, 
                       producer_timeout_s=1.0)
     dying = clients.producer(buf, name="dying", heartbeat_s=0.1)
     other = clients.producer(buf, name="other", heartbeat_s=0.1)
+    clients.consumer(buf).report_version("m1", 0)
     assert dying.request_admission(2) == [0, 1]  # the whole budget of version 0
     producer_id, samples = episode("half", 0, ("solver",))
     dying.send_episode("half", 2, producer_id, samples, draw=0)  # one of two episodes, then it dies

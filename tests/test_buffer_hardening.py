@@ -118,6 +118,8 @@ def test_poisoned_samples_are_refused_with_their_reason_and_take_their_group_dow
     buf = make_buffer(max_sample_tokens=16, groups_per_step={"m1": 4, "m2": 4}, max_staleness=0)
     producer, learner = clients.producer(buf), clients.consumer(buf)
     expected = {"reward": "non_finite", "logprob": "non_finite", "token": "bad_token", "length": "too_long"}
+    learner.report_version("m1", 0)
+    learner.report_version("m2", 0)
     for field, reason in expected.items():
         assert len(producer.request_admission(1)) == 1
         group = f"poison-{field}"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from drmas.buffer.draws import MAX_DRAWS, DrawLedger
+from drmas.buffer.draws import MAX_FAULTS, DrawLedger
 from drmas.core.draws import DrawSet
 from drmas.tasks.base import Problem
-from drmas.tasks.sampler import ProblemSampler
+from drmas.tasks.sampler import ProblemSampler, order_change
 
 
 def test_a_draw_set_keeps_a_floor_and_the_draws_above_it() -> None:
@@ -36,6 +36,16 @@ def test_every_draw_maps_to_the_problem_the_colocated_order_draws() -> None:
     assert [sampler.at(d).uid for d in (11, 0, 5, 3)] == [walked[d].uid for d in (11, 0, 5, 3)]
     assert sorted(p.uid for p in walked[:5]) == [p.uid for p in problems]  # an epoch visits each once
     assert [p.uid for p in walked[:5]] != [p.uid for p in walked[5:10]]  # epochs shuffle anew
+
+
+def test_the_order_fingerprint_names_what_changed() -> None:
+    problems = [Problem(uid=f"p{i}", question=str(i), answer=str(i)) for i in range(5)]
+    saved = ProblemSampler(problems, seed=7).fingerprint()
+    assert order_change(saved, ProblemSampler(problems, seed=7).fingerprint()) is None
+    assert order_change(None, saved) is None  # a checkpoint older than the drawing order
+    assert "trainer.seed=8" in order_change(saved, ProblemSampler(problems, seed=8).fingerprint())
+    edited = [*problems[:4], Problem(uid="p4", question="4 + 0", answer="4")]  # same uids, another question
+    assert "training split" in order_change(saved, ProblemSampler(edited, seed=7).fingerprint())
 
 
 def _trained(ledger: DrawLedger, model: str, draws, incarnation: str = "a") -> None:
@@ -108,11 +118,28 @@ def test_in_a_run_of_two_learners_draws_a_peer_trained_are_not_drawn_again() -> 
     assert ledger.issue(1) == [4] and ledger.counters()["lost_to_peers"] == 2
 
 
-def test_a_draw_lost_again_and_again_is_given_up() -> None:
+def test_a_draw_lost_again_and_again_by_its_prompts_fault_is_given_up() -> None:
     events = []
     ledger = DrawLedger(journal=events.append)
-    for _ in range(MAX_DRAWS):
+    for _ in range(MAX_FAULTS):
         assert ledger.issue(1) == [0]
-        ledger.lost([0], "refused")
+        ledger.lost([0], "refused", fault=True)
     assert ledger.issue(1) == [1]
     assert ledger.counters()["given_up"] == 1 and events[-2]["event"] == "give_up"
+    assert DrawLedger(given_up_before=[0]).issue(1) == [1]  # a restarted buffer reads it from the journal
+
+
+def test_a_draw_lost_to_crashes_and_the_staleness_bound_is_never_given_up() -> None:
+    """After a resume one draw can be orphaned, then stale, then lost with a rollout: still drawn again."""
+    ledger = DrawLedger()
+    for why in ("orphaned", "stale", "producer gone", "stale", "lease expired"):
+        assert ledger.issue(1) == [0]
+        ledger.opened(0, "g")
+        ledger.completed(0, {"m": 1})
+        if why == "producer gone" or why == "lease expired":
+            ledger.lost([0], why)
+        else:
+            ledger.part_dropped(0, "m", why, delivered=True)
+    assert ledger.issue(1) == [0] and ledger.counters()["given_up"] == 0
+    ledger.part_dropped(0, "m", "too_long", fault=True)  # after a fault the count goes on (1 of MAX_FAULTS)
+    assert ledger.issue(1) == [0]

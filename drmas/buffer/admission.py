@@ -15,6 +15,10 @@ Bookkeeping per model (see `admission_capacity` for why these numbers):
   ``version * groups_per_step`` plus the model's groups still queued here: whatever the old process had
   pulled and not trained died with it. Without the recount a learner resumed at version 0 after its peer
   reached version 12 would find its budget spent for good and the run would hang.
+* ``heard`` models whose learner has reported to this buffer process. Under a staleness bound nothing is
+  granted before every training model's learner has: a buffer that restarted would otherwise grant on
+  version 0 and hand out draws the learners have trained (`drmas.buffer.draws`) -- a wasted step of
+  generation. Learners report first thing, and again as soon as they notice a new buffer.
 * ``finished`` models whose learner reached its last step. They no longer bound the grant: a peer
   learner that restarted behind them still needs groups after they stop consuming.
 * ``running`` (shared by all models) admitted groups not yet complete: units of a lease, then, once
@@ -64,6 +68,7 @@ class AdmissionController:
         self.versions: dict[str, int] = {m: 0 for m in self.models}
         self.accepted: dict[str, int] = {m: 0 for m in self.models}
         self.incarnations: dict[str, str] = {}
+        self.heard: set[str] = set()
         self.finished: set[str] = set()
         self.running = 0
         self.granted_total = 0
@@ -81,6 +86,8 @@ class AdmissionController:
         training = [m for m in self.models if m not in self.finished]
         if not training:
             return 0  # every learner is done: nothing generated now could be trained
+        if any(m not in self.heard for m in training):
+            return 0  # a learner this buffer has not heard from: its version and its trained draws are unknown
         return min(
             admission_capacity(
                 self.max_staleness,
@@ -176,6 +183,7 @@ class AdmissionController:
         Returns whether the report came from a learner process not heard from before (the budget was
         recounted)."""
         self.versions[model] = version
+        self.heard.add(model)
         if finished:
             self.finished.add(model)
         else:

@@ -20,9 +20,11 @@ before a new one:
   buffer's grants: the new one refuses their episodes), new draws continue above it.
 
 So a killed and resumed run trains the same multiset of prompts as an uninterrupted one; what the crashes cost
-is generation: the groups in flight are drawn again (counted: `redrawn`). A draw lost `MAX_DRAWS` times (a
-prompt no model can train, e.g. one longer than the model's context) is given up and counted, rather than drawn
-forever. A draw counts as trained once any learner trained it: in a run of several learners, one learner
+is generation: the groups in flight are drawn again (counted: `redrawn`). A draw lost `MAX_FAULTS` times by
+its prompt's fault (`fault`: an episode refused, a sample the model cannot take -- a prompt no model can train,
+e.g. one longer than the model's context) is given up and counted, rather than drawn forever; losses that say
+nothing about the prompt (a process killed, a lease expired, a part too stale or of orphaned weights, which a
+resume causes by the handful) never give a draw up. A draw counts as trained once any learner trained it: in a run of several learners, one learner
 killed loses for itself the draws its peers trained past its checkpoint (`lost_to_peers`), since drawing them
 again would train its peers twice.
 
@@ -41,7 +43,7 @@ from drmas.core.draws import DrawSet
 
 log = logging.getLogger(__name__)
 
-MAX_DRAWS = 3  # times one draw is handed out before it is given up
+MAX_FAULTS = 3  # times a draw's group is lost by its prompt's fault before the draw is given up
 
 
 @dataclass
@@ -51,25 +53,32 @@ class _Out:
     group_id: str = ""  # once its group's first episode arrived
     parts: Counter = field(default_factory=Counter)  # model -> parts of its group queued or at that model's learner
     lost: bool = False  # a part was dropped before training: draw it again once no part is left
+    fault: bool = False  # ... by the prompt's fault (see the module docstring)
 
 
 class DrawLedger:
     """Draws handed out, trained (as learners report them), and lost: see the module docstring."""
 
-    def __init__(self, journal: Optional[Callable[[dict], None]] = None) -> None:
+    def __init__(self, journal: Optional[Callable[[dict], None]] = None, handed_out_before: int = 0,
+                 given_up_before: Iterable[int] = ()) -> None:
         """`journal`: called with every event that changes which draws are out ({"event": "issue"|"again"|
-        "give_up", "draws": [...], ...}); the buffer process writes them to `buffer/draws.jsonl`."""
+        "give_up", "draws": [...], ...}); the buffer process writes them to `buffer/draws.jsonl`.
+        `handed_out_before`: one past the highest draw an earlier buffer of this run handed out (read from that
+        journal), so that drawing one of those again is counted and said as such; `given_up_before`: the draws
+        it gave up (not drawn again by this one either)."""
         self._journal = journal
+        self.handed_out_before = handed_out_before
         self.reported: dict[str, DrawSet] = {}  # model -> the draws its learner reports trained
         self.incarnations: dict[str, str] = {}
-        self._void = DrawSet()  # draws settled here: nothing to train in them, or given up
-        self.settled = DrawSet()  # reported by any learner, or void
+        self._void = DrawSet(0, given_up_before)  # draws settled here: nothing to train in them, or given up
+        self.settled = self._void.copy()  # reported by any learner, or void
         self.cursor = 0  # the lowest draw never handed out
         self._free: list[int] = []  # lost draws (a heap), handed out again before any new one
         self._out: dict[int, _Out] = {}
         self._by_group: dict[str, int] = {}
         self._at_learner: dict[str, Counter] = {}  # model -> draw -> parts delivered to its current learner
         self._times: Counter = Counter()  # draw -> times handed out (while not settled)
+        self._faults: Counter = Counter()  # draw -> times lost by its prompt's fault (while not settled)
         self.issued = 0
         self.redrawn = 0
         self.given_up = 0
@@ -87,13 +96,17 @@ class DrawLedger:
                 draw, self.cursor = self.cursor, self.cursor + 1
             if draw in self.settled or draw in self._out:
                 continue  # settled or handed out again since it was freed
-            if self._times[draw]:
+            if self._times[draw] or draw < self.handed_out_before:
                 again.append(draw)
             self._times[draw] += 1
             self._out[draw] = _Out()
             draws.append(draw)
         self.issued += len(draws)
         self.redrawn += len(again)
+        earlier = [d for d in again if not self._times[d] - 1 and d < self.handed_out_before]
+        if earlier:
+            log.info("draws %s go out again: an earlier buffer of this run handed them out, no learner trained them",
+                     _short(earlier))
         if draws:
             self._record("issue", draws, again=again)
         return draws
@@ -117,15 +130,15 @@ class DrawLedger:
         """A group without a draw number took `draw`'s lease unit: what happens to it cannot be followed."""
         self._settle_here(draw)
 
-    def lost(self, draws: Iterable[int], why: str) -> None:
+    def lost(self, draws: Iterable[int], why: str, fault: bool = False) -> None:
         """Draws whose groups will never complete (their lease expired, their producer vanished, their group
-        was dropped unfinished): drawn again."""
+        was dropped unfinished; `fault`: an episode of it was refused): drawn again."""
         again = []
         for draw in draws:
             out = self._out.get(draw)
             if draw < 0 or out is None or draw in self.settled:
                 continue
-            out.lost = True
+            out.lost, out.fault = True, out.fault or fault
             out.parts.clear()
             again += self._resolve(draw)
         self._say_again(again, why)
@@ -143,9 +156,11 @@ class DrawLedger:
         if draw in self._out:
             self._at_learner.setdefault(model, Counter())[draw] += 1
 
-    def part_dropped(self, draw: int, model: str, why: str, delivered: bool = False, needed: bool = True) -> None:
+    def part_dropped(self, draw: int, model: str, why: str, delivered: bool = False, needed: bool = True,
+                     fault: bool = False) -> None:
         """One of `model`'s parts of `draw`'s group was dropped before training (`delivered`: by its learner).
-        `needed`: the model still trains (False: it finished, the part is not missed)."""
+        `needed`: the model still trains (False: it finished, the part is not missed); `fault`: for the prompt's
+        sake (a sample the model cannot take), not a crash's or the staleness bound's."""
         out = self._out.get(draw)
         if out is None:
             return
@@ -157,6 +172,7 @@ class DrawLedger:
                     del at[draw]
         out.parts[model] = max(out.parts[model] - 1, 0)
         out.lost = out.lost or needed
+        out.fault = out.fault or (needed and fault)
         self._say_again(self._resolve(draw), why)
 
     def group_draw(self, group_id: str) -> Optional[int]:
@@ -225,10 +241,12 @@ class DrawLedger:
             self._settle_here(draw)
             return []
         self._forget(draw, keep_count=True)
-        if self._times[draw] >= MAX_DRAWS:
+        self._faults[draw] += out.fault
+        if self._faults[draw] >= MAX_FAULTS:
             self._settle_here(draw)
             self.given_up += 1
-            log.warning("draws: draw %d was lost %d times: given up (a prompt no model can train?)", draw, MAX_DRAWS)
+            log.warning("draws: the group of draw %d was refused or could not be trained %d times: given up (a prompt "
+                        "no model can train?)", draw, MAX_FAULTS)
             self._record("give_up", [draw])
             return []
         heapq.heappush(self._free, draw)
@@ -247,6 +265,7 @@ class DrawLedger:
             at.pop(draw, None)
         if not keep_count:
             self._times.pop(draw, None)
+            self._faults.pop(draw, None)
 
     def _say_again(self, draws: list[int], why: str) -> None:
         if draws:

@@ -54,6 +54,24 @@ class DrawJournal:
         self._handle = None
         self._instance = ""
 
+    def earlier(self) -> tuple[int, list[int]]:
+        """What earlier buffers of this run journalled: one past the highest draw they handed out (0 for none),
+        and the draws they gave up. A torn line (a kill mid-write) is skipped. The launcher claims the output
+        directory (`drmas.runtime.run_dir`), so the journal found there is this run's."""
+        top, given_up = 0, []
+        if self.path.is_file():
+            for line in self.path.read_text(errors="replace").splitlines():
+                try:
+                    event = json.loads(line)
+                    draws = [int(d) for d in event.get("draws", ()) if int(d) >= 0]
+                except (ValueError, TypeError, AttributeError):
+                    continue
+                if event.get("event") == "issue":
+                    top = max([top, *(d + 1 for d in draws)])
+                elif event.get("event") == "give_up":
+                    given_up += draws
+        return top, given_up
+
     def open(self, instance: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._handle = self.path.open("a", buffering=1)
@@ -85,12 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     agent_models = trained_agent_models(cfg)
     out = Path(cfg.trainer.output_dir) / "buffer"
     journal = DrawJournal(out / "draws.jsonl")
+    drawn_before, given_up_before = journal.earlier()
     try:
         require_fixed(cfg, buffer=True)
         buffer = TrajectoryBuffer(
             cfg.pipeline.buffer, agent_models=agent_models,
             groups_per_step={m: cfg.rollout.prompts_per_step for m in set(agent_models.values())},
-            max_staleness=cfg.pipeline.max_staleness, journal=journal,
+            max_staleness=cfg.pipeline.max_staleness, journal=journal, drawn_before=drawn_before,
+            given_up_before=given_up_before,
         )
     except (EndpointError, ValueError) as exc:
         print(f"drmas-buffer: {exc}", file=sys.stderr)

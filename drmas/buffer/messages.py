@@ -37,6 +37,14 @@ REJECT_UNEXPECTED = "unexpected_message"
 REJECT_INVALID = "invalid"
 REJECT_FRAMING = "bad_framing"
 
+# Reasons a learner drops a delivered part (`DropReport.reason`) that say nothing about its prompt: a crash's or
+# the staleness bound's doing. The buffer draws such a part's draw again without counting it against the prompt
+# (`drmas.buffer.draws`); any other reason (a sample the model cannot take, a failed update) counts.
+DROP_STALE = "stale"
+DROP_ORPHANED = "orphaned"  # made by weights a killed learner trained past the checkpoint its successor resumed
+DROP_ALREADY_TRAINED = "already_trained"
+CIRCUMSTANTIAL_DROPS = frozenset({DROP_STALE, DROP_ORPHANED, DROP_ALREADY_TRAINED})
+
 
 # Bounds on what a client may claim. Every counter the buffer keeps is derived from these fields, so they
 # are bounded where they are decoded: a version of 2**63 once made every later stats reply unencodable.

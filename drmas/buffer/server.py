@@ -28,13 +28,15 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Union
+from typing import Callable, Iterable, Mapping, Optional, Union
 
 from drmas.buffer.admission import AdmissionController
 from drmas.buffer.credit import CreditGate
 from drmas.buffer.draws import DrawLedger
 from drmas.buffer.framing import AgentGroupView, EpisodeView, FrameLike, GroupBatchView, validated_samples
 from drmas.buffer.messages import (
+    CIRCUMSTANTIAL_DROPS,
+    DROP_STALE,
     REJECT_UNEXPECTED,
     Ack,
     Acks,
@@ -93,6 +95,8 @@ class TrajectoryBuffer(RouterServer):
         curve: CURVE keys; default: read from the config's key files, or none.
         clock: monotonic time source (injectable for tests).
         journal: called with every change of which draws are out (`DrawLedger`).
+        drawn_before: one past the highest draw an earlier buffer of the run handed out, and
+        given_up_before: the draws it gave up (both read from its journal, `buffer/draws.jsonl`).
     """
 
     def __init__(
@@ -105,6 +109,8 @@ class TrajectoryBuffer(RouterServer):
         curve: Optional[CurveKeys] = None,
         clock: Callable[[], float] = time.monotonic,
         journal: Optional[Callable[[dict], None]] = None,
+        drawn_before: int = 0,
+        given_up_before: Iterable[int] = (),
     ) -> None:
         config.validate("buffer")
         self._agent_models = dict(agent_models or {})
@@ -112,7 +118,7 @@ class TrajectoryBuffer(RouterServer):
         self._admission = AdmissionController(
             self._agent_models, groups_per_step or {}, max_staleness, config.max_running_groups, config.lease_timeout_s
         )
-        self._draws = DrawLedger(journal)
+        self._draws = DrawLedger(journal, drawn_before, given_up_before)
         self._reported_drops: Counter[str] = Counter()
         self._credit = CreditGate(config.capacity_samples, config.hard_capacity, config.window)
         self._producer_seen: dict[str, float] = {}  # producer id -> when it last sent anything
@@ -231,12 +237,12 @@ class TrajectoryBuffer(RouterServer):
         group = self._store.abandon_group(episode.group_id, DROP_REFUSED_EPISODE)
         if group is not None:
             self._admission.on_abandoned(group.leased)
-            self._draws.lost([group.draw], f"an episode of group {group.group_id} was refused")
+            self._draws.lost([group.draw], f"an episode of group {group.group_id} was refused", fault=True)
         elif not known:  # the refused episode would have opened the group: return the unit leased for it
             draw = self._admission.claim(episode.producer, episode.draw)
             self._admission.on_abandoned(draw is not None)
             if draw is not None:
-                self._draws.lost([draw], f"an episode of group {episode.group_id} was refused")
+                self._draws.lost([draw], f"an episode of group {episode.group_id} was refused", fault=True)
 
     def _stored(self, sample: Union[Sample, SampleHeader], frame: FrameLike) -> StoredSample:
         """Check a sample against the agent -> model map and keep its routing fields."""
@@ -278,7 +284,7 @@ class TrajectoryBuffer(RouterServer):
         taken, dropped = self._store.take(pull.agents, pull.max_groups, self._stale_reason)
         for group in dropped:
             self._admission.on_dropped(group.group_id, group.model)
-            self._draws.part_dropped(group.draw, group.model, "stale")
+            self._draws.part_dropped(group.draw, group.model, DROP_STALE)
         if not taken and not (allow_empty or pull.wait_ms == 0):
             return False
         batch = GroupBatchView(seq=pull.seq, groups=[self._view(g) for g in taken],
@@ -340,7 +346,8 @@ class TrajectoryBuffer(RouterServer):
                 self._admission.on_dropped(group_id, model)
                 draw = self._draws.group_draw(group_id)
                 if draw is not None:
-                    self._draws.part_dropped(draw, model, f"its learner dropped it ({report.reason})", delivered=True)
+                    self._draws.part_dropped(draw, model, f"its learner dropped it ({report.reason})", delivered=True,
+                                             fault=report.reason not in CIRCUMSTANTIAL_DROPS)
 
     # ---- timers and parked requests ---------------------------------------------------------------
 
@@ -398,7 +405,7 @@ class TrajectoryBuffer(RouterServer):
         """Apply the staleness rule to every queue now rather than at delivery; returns groups dropped."""
         with self._lock:
             agents = list(self._store.depth())
-        return sum(self.discard(agent, lambda g: self._stale_reason(g) is not None, "stale") for agent in agents)
+        return sum(self.discard(agent, lambda g: self._stale_reason(g) is not None, DROP_STALE) for agent in agents)
 
     def stats(self) -> Stats:
         """A consistent snapshot of the counters (the same as a `StatsRequest` returns)."""

@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from drmas.buffer import AgentGroup, BufferConsumer
+from drmas.buffer.messages import DROP_ALREADY_TRAINED, DROP_ORPHANED, DROP_STALE
 from drmas.config.schema import AlgorithmConfig
 from drmas.core.lineage import Lineage
 from drmas.core.sample import Sample
@@ -42,9 +43,6 @@ from drmas.runtime.process import StopFlag
 
 log = logging.getLogger(__name__)
 
-DROP_STALE = "stale"
-DROP_ORPHANED = "orphaned"
-DROP_ALREADY_TRAINED = "already_trained"
 
 
 @dataclass

@@ -103,6 +103,9 @@ class LearnerWorker:
         self.out = claim_output_dir(Path(cfg.trainer.output_dir) / f"learner-{model_id}", cfg.trainer.resume,
                                     cfg.trainer.overwrite)
         add_log_file(self.out)
+        order = assembly.drawing_order(cfg)
+        assembly.check_drawing_order(cfg, self.out, order)
+        self.order = order.fingerprint()  # saved with the draws trained: they are prompts of this order
         if cfg.trainer.threads > 0:
             torch.set_num_threads(cfg.trainer.threads)
         checkpoint.seed_everything(cfg.trainer.seed)
@@ -320,7 +323,8 @@ class LearnerWorker:
         path = self.fanout.save(self.trainer, self.out, self.version, self.source, self.tokenizer,
                                 {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict(),
                                  "lineage": self.lineage.state_dict(), "ranks": self.trainer.ranks.size,
-                                 "draws": {a: d.state_dict() for a, d in self.trained.items()}},
+                                 "draws": {a: d.state_dict() for a, d in self.trained.items()},
+                                 "order": self.order},
                                 keep=self.cfg.trainer.keep_checkpoints)
         self.saved_version = self.version
         log.info("saved %s", path)

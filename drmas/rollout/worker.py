@@ -46,7 +46,6 @@ from drmas.runtime.endpoints import learner_endpoint
 from drmas.runtime.metrics import MetricsWriter
 from drmas.runtime.netsec import client_keys
 from drmas.runtime.process import StopFlag
-from drmas.tasks.sampler import ProblemSampler
 from drmas.weights import WeightReceiver
 from drmas.weights.rollout.member import receiving_workers
 
@@ -100,7 +99,7 @@ class RolloutWorker:
         if cfg.trainer.threads > 0:
             torch.set_num_threads(cfg.trainer.threads)
         task = assembly.build_task(cfg)
-        self.sampler = ProblemSampler(task.split("train"), seed=cfg.trainer.seed)  # the run's one drawing order
+        self.sampler = assembly.drawing_order(cfg, task)  # the run's one drawing order
         served = sorted({a.model for a in cfg.agents.values() if a.model})  # none: a scripted agent
         self.engines = {m: assembly.build_engine(cfg, m, assembly.model_path(cfg, m), cfg.trainer.seed + index)
                         for m in served}
