@@ -48,8 +48,13 @@ def test_the_order_fingerprint_names_what_changed() -> None:
     assert "training split" in order_change(saved, ProblemSampler(edited, seed=7).fingerprint())
 
 
-def _trained(ledger: DrawLedger, model: str, draws, incarnation: str = "a") -> None:
-    ledger.report(model, incarnation, DrawSet(0, draws))
+def _trained(ledger: DrawLedger, model: str, draws, incarnation: str = "a", agents=("a1",)) -> None:
+    ledger.report(model, incarnation, {agent: DrawSet(0, draws) for agent in agents})
+
+
+def _complete(ledger: DrawLedger, draw: int, agents=("a1",)) -> None:
+    ledger.opened(draw, f"g{draw}")
+    ledger.completed(draw, agents)
 
 
 def test_lost_groups_are_drawn_again_before_new_draws() -> None:
@@ -58,41 +63,55 @@ def test_lost_groups_are_drawn_again_before_new_draws() -> None:
     assert ledger.issue(4) == [0, 1, 2, 3]
     ledger.opened(1, "g1")
     ledger.lost([1], "producer gone")  # a rollout died with group 1 unfinished
-    ledger.opened(2, "g2")
-    ledger.completed(2, {"m": 2})  # two agents' parts
-    ledger.part_dropped(2, "m", "stale")
+    _complete(ledger, 2, ("a1", "a2"))  # two agents' parts
+    ledger.part_dropped(2, "a1", "stale")
     assert ledger.issue(1) == [1]  # lost, lowest first
-    ledger.part_dropped(2, "m", "stale")  # its last part: nobody trains it
+    ledger.part_dropped(2, "a2", "stale")  # its last part: nobody trains it
     assert ledger.issue(2) == [2, 4]
     assert ledger.counters()["redrawn"] == 2
     assert [e["event"] for e in events] == ["issue", "again", "issue", "again", "issue"]
     assert events[2]["again"] == [1] and events[1]["why"] == "producer gone"
 
 
-def test_a_trained_draw_is_settled_and_a_group_without_trained_parts_is_not_drawn_again() -> None:
+def test_a_draw_is_done_once_every_agent_with_a_part_trained_it() -> None:
     ledger = DrawLedger()
-    ledger.issue(3)
-    for draw in range(3):
-        ledger.opened(draw, f"g{draw}")
-    ledger.completed(0, {"m": 1})
-    ledger.delivered(0, "m")
-    _trained(ledger, "m", [0])
-    ledger.completed(1, {})  # only frozen agents spoke: nothing to train
-    ledger.completed(2, {"m": 1, "finished": 1})
-    ledger.part_dropped(2, "finished", "model_finished", needed=False)
-    _trained(ledger, "m", [0, 2])
-    assert ledger.is_settled(0) and ledger.is_settled(1) and ledger.is_settled(2)
-    assert ledger.issue(1) == [3] and ledger.counters()["redrawn"] == 0
+    ledger.issue(4)
+    _complete(ledger, 0, ("a1", "a2"))
+    ledger.completed(1, ())  # only frozen agents spoke: nothing to train
+    _complete(ledger, 2, ("a1",))  # a2 had no part in this group
+    _complete(ledger, 3, ("a1", "fin"))
+    ledger.part_dropped(3, "fin", "model_finished", needed=False)  # its learner finished: not missed
+    _trained(ledger, "m", [0, 2, 3], agents=("a1",))
+    assert not ledger.is_settled(0) and ledger.is_settled(1) and ledger.is_settled(2) and ledger.is_settled(3)
+    _trained(ledger, "m", [0], agents=("a2",))
+    assert ledger.is_settled(0) and ledger.issue(1) == [4] and ledger.counters()["redrawn"] == 0
+
+
+def test_a_draw_one_agent_missed_is_drawn_again_and_trains_only_that_agent() -> None:
+    """After a learner restart the solver's part of a group was orphaned, the verifier's trained: the draw goes
+    out again, the verifier's new part is dropped by its learner (already trained) and is not missed."""
+    ledger = DrawLedger()
+    ledger.issue(1)
+    _complete(ledger, 0, ("solver", "verifier"))
+    for agent in ("solver", "verifier"):
+        ledger.delivered(0, agent, "m")
+    ledger.part_dropped(0, "solver", "orphaned", "m", delivered=True)
+    ledger.report("m", "a", {"solver": DrawSet(), "verifier": DrawSet(0, [0])})
+    assert ledger.issue(1) == [0]
+    _complete(ledger, 0, ("solver", "verifier"))
+    ledger.part_dropped(0, "verifier", "already_trained", "m", delivered=True)
+    assert ledger.is_out(0)  # the solver's part is on its way
+    ledger.report("m", "a", {"solver": DrawSet(0, [0]), "verifier": DrawSet(0, [0])})
+    assert ledger.is_settled(0) and ledger.issue(1) == [1]
 
 
 def test_a_replaced_learner_loses_what_it_held_and_what_it_trained_past_its_checkpoint() -> None:
     ledger = DrawLedger()
     ledger.issue(6)
     for draw in range(6):
-        ledger.opened(draw, f"g{draw}")
-        ledger.completed(draw, {"m": 1})
+        _complete(ledger, draw)
     for draw in range(5):
-        ledger.delivered(draw, "m")
+        ledger.delivered(draw, "a1", "m")
     _trained(ledger, "m", [0, 1, 2, 3])  # draw 4 is in its next batch, 5 still queued here
     # killed; the new process resumed from a checkpoint holding draws 0 and 1
     _trained(ledger, "m", [0, 1], incarnation="b")
@@ -100,22 +119,25 @@ def test_a_replaced_learner_loses_what_it_held_and_what_it_trained_past_its_chec
     assert ledger.is_out(5)  # its group is still queued here: not drawn again
 
 
-def test_a_restarted_buffer_draws_again_what_the_learners_do_not_hold() -> None:
+def test_a_restarted_buffer_draws_again_what_not_every_agent_trained() -> None:
     ledger = DrawLedger()  # a new buffer process: it knows nothing yet
-    assert ledger.issue(2) == [0, 1]  # handed out before any learner reported (already trained: refused later)
-    _trained(ledger, "m", [0, 1, 2, 3, 5])  # the learner trained these with the dead buffer's draws
-    assert ledger.is_settled(0) and not ledger.is_out(0)
-    assert ledger.issue(3) == [4, 6, 7]  # the gap below its highest draw, then new ones
-    assert ledger.counters()["redrawn"] == 1
+    ledger.report("m", "a", {"a1": DrawSet(0, [0, 1, 2, 3, 5]), "a2": DrawSet(0, [0, 1, 2, 5])})
+    assert ledger.is_settled(0) and not ledger.is_settled(3)
+    assert ledger.issue(3) == [3, 4, 6]  # a2 lacks 3, nobody trained 4; then new ones
+    assert ledger.counters()["redrawn"] == 2
 
 
-def test_in_a_run_of_two_learners_draws_a_peer_trained_are_not_drawn_again() -> None:
+def test_a_learner_resumed_behind_its_peer_gets_back_what_it_lost() -> None:
+    """Draws are kept per agent: m1's agent resumed behind, so draws 2 and 3 go out again (m2's learner drops
+    its parts of them as trained already): neither model loses a prompt, neither trains one twice."""
     ledger = DrawLedger()
     ledger.issue(4)
-    _trained(ledger, "m1", [0, 1, 2, 3])
-    _trained(ledger, "m2", [0, 1, 2, 3])
-    _trained(ledger, "m1", [0, 1], incarnation="b")  # m1 resumed behind: m2 keeps 2 and 3
-    assert ledger.issue(1) == [4] and ledger.counters()["lost_to_peers"] == 2
+    for draw in range(4):
+        _complete(ledger, draw, ("s", "v"))
+    ledger.report("m1", "a", {"s": DrawSet(4)})
+    ledger.report("m2", "x", {"v": DrawSet(4)})
+    ledger.report("m1", "b", {"s": DrawSet(2)})  # m1 resumed behind
+    assert ledger.issue(3) == [2, 3, 4]
 
 
 def test_a_draw_lost_again_and_again_by_its_prompts_fault_is_given_up() -> None:
@@ -134,12 +156,11 @@ def test_a_draw_lost_to_crashes_and_the_staleness_bound_is_never_given_up() -> N
     ledger = DrawLedger()
     for why in ("orphaned", "stale", "producer gone", "stale", "lease expired"):
         assert ledger.issue(1) == [0]
-        ledger.opened(0, "g")
-        ledger.completed(0, {"m": 1})
-        if why == "producer gone" or why == "lease expired":
+        _complete(ledger, 0)
+        if why in ("producer gone", "lease expired"):
             ledger.lost([0], why)
         else:
-            ledger.part_dropped(0, "m", why, delivered=True)
+            ledger.part_dropped(0, "a1", why)
     assert ledger.issue(1) == [0] and ledger.counters()["given_up"] == 0
-    ledger.part_dropped(0, "m", "too_long", fault=True)  # after a fault the count goes on (1 of MAX_FAULTS)
+    ledger.part_dropped(0, "a1", "too_long", fault=True)  # after a fault the count goes on (1 of MAX_FAULTS)
     assert ledger.issue(1) == [0]

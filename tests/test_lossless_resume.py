@@ -4,7 +4,7 @@ Two hand-started pipelines on the smoke config, synchronous (max_staleness=0, on
 trains draws 2k-2 and 2k-1 at step k), the same seed: the reference runs through; the other loses its rollout
 after step 1, its buffer after step 2, its learner after step 3 (checkpoints every 2 steps: step 3 is lost with
 it) and all three at once after step 5, each restarted at once (the learner with trainer.resume=true). Both
-learners' `prompts.jsonl` (the draws and problem uids each step trained) must hold the same multiset; the
+learners' `prompts.jsonl` (the draws and problem uids each step trained, per agent) must hold the same multiset; the
 buffers' journals (`buffer/draws.jsonl`, appended by every buffer process of a run) say how many draws each
 kill sent back to be drawn again, and the logs say so too.
 """
@@ -120,6 +120,12 @@ def _trained(run: Pipeline) -> list[dict]:
         return [json.loads(line) for line in fh]
 
 
+def _by_agent(records: list[dict]) -> Counter:
+    """(agent, draw, problem uid) of every part trained, counted."""
+    uid = {d: p for r in records for d, p in zip(r["draws"], r["prompts"])}
+    return Counter((agent, d, uid[d]) for r in records for agent, draws in r["agents"].items() for d in draws)
+
+
 def _journal(run: Pipeline) -> list[dict]:
     with open(run.out / "buffer" / "draws.jsonl") as fh:
         return [json.loads(line) for line in fh]
@@ -142,9 +148,10 @@ def test_runs_killed_with_kill_9_train_the_same_prompts(runs) -> None:
     reference, killed, killed_at = runs
     expected, records = _trained(reference), _trained(killed)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))  # every step once, none lost or doubled
-    trained = Counter(d for r in records for d in r["draws"])
-    assert trained == Counter(d for r in expected for d in r["draws"])  # no prompt lost, none trained twice
-    assert Counter(p for r in records for p in r["prompts"]) == Counter(p for r in expected for p in r["prompts"])
+    # no prompt lost, none trained twice, agent by agent (a draw drawn again for one agent trains only it)
+    trained = _by_agent(records)
+    assert trained == _by_agent(expected)
+    assert {d for r in records for d in r["draws"]} == {d for r in expected for d in r["draws"]}
 
     # how many draws each kill sent back to be drawn again: draws handed out again after it, before the next
     issued = _issued(killed)
@@ -160,7 +167,7 @@ def test_runs_killed_with_kill_9_train_the_same_prompts(runs) -> None:
             redrawn[kill] += len(again)
         else:
             assert not again, event  # nothing is drawn twice before the first kill
-    lost = sum((Counter(d for r in expected for d in r["draws"]) - trained).values())
+    lost = sum((_by_agent(expected) - trained).values())
     given_up = [e for e in _journal(killed) if e["event"] == "give_up"]
     print("\nkill -> draws drawn again:", dict(redrawn), "| lost:", lost, "| given up:", len(given_up))
     assert not given_up  # crashes and the staleness bound never give a draw up (only a prompt's own faults)
@@ -168,7 +175,6 @@ def test_runs_killed_with_kill_9_train_the_same_prompts(runs) -> None:
     # every process. Groups in flight when the rollout or the buffer dies are drawn again too, and after a
     # learner restart groups generated on the weights it no longer has (dropped stale or orphaned)
     assert redrawn["learner"] >= PROMPTS_PER_STEP and redrawn["all"] >= PROMPTS_PER_STEP
-    assert all(n <= 4 * PROMPTS_PER_STEP for n in redrawn.values()), redrawn
     # and each is said where it happens
     assert "trained past the checkpoint the learner of policy resumed from" in killed.log("buffer", 2)
     assert "an earlier buffer of this run handed them out" in killed.log("buffer", 3)

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import zmq
 
@@ -385,14 +385,15 @@ class BufferConsumer(_Client):
         return groups
 
     def report_version(self, model: str, version: int, incarnation: str = "", finished: bool = False,
-                       trained: Optional[DrawSet] = None) -> None:
+                       trained: Optional[Mapping[str, DrawSet]] = None) -> None:
         """Publish this learner's policy version (admission and the stale-drop rule follow it).
 
         `incarnation` names this learner process (a new one makes the buffer recount the model's budget);
-        `finished` says it took its last step (admission then stops waiting for it); `trained`: the draws its
-        weights have trained (the buffer draws again what was handed out and is neither trained nor on its
-        way)."""
-        wire = None if trained is None else Draws(floor=trained.floor, extra=sorted(trained.extra))
+        `finished` says it took its last step (admission then stops waiting for it); `trained`: the draws
+        each of its agents has trained (the buffer draws again what was handed out and is neither trained nor
+        on its way)."""
+        wire = None if trained is None else {agent: Draws(floor=draws.floor, extra=sorted(draws.extra))
+                                             for agent, draws in trained.items()}
         self._send_version(VersionUpdate(seq=0, model=model, version=version, incarnation=incarnation,
                                          finished=finished, trained=wire))
 

@@ -3,30 +3,33 @@
 Where the order lives, and why here. Every process of the pipeline may be killed with `kill -9`, so no
 process may hold the only copy of what has been drawn. The *order* is a pure function of the seed
 (`drmas.tasks.sampler.ProblemSampler.at`); what must survive is *which draws were trained*, and that lives
-where training lives: each learner keeps the draws its weights have trained (`drmas.core.draws.DrawSet`) in
-its checkpoint and reports them with every version (`VersionUpdate.trained`). The buffer is the one place
+where training lives: each learner keeps the draws each of its agents has trained (`drmas.core.draws.DrawSet`)
+in its checkpoint and reports them with every version (`VersionUpdate.trained`). The buffer is the one place
 every group passes through, so it hands the draws out (a grant is a list of draw numbers, lowest first) and
-follows each one until a learner reports it trained; any draw that is lost on the way is handed out again
-before a new one:
+follows each one until it is done -- every agent with a part in its group trained it -- and any draw that is
+lost on the way is handed out again before a new one:
 
 * a lease that expires, a producer that goes silent (a rollout killed), a group dropped before it completed
   (incomplete, a refused episode): the draw is drawn again;
-* a group's parts dropped before training (stale, undecodable, an update that failed, orphaned weights): once
-  every part of it is gone and no learner trained it, the draw is drawn again;
+* a part of a group dropped before training (stale, undecodable, an update that failed, orphaned weights):
+  once no part of the group is on its way, the draw is drawn again unless every agent with a part in it
+  trained it. Learners drop the parts of a draw their agent trained already, so a draw drawn again for one
+  agent (the solver's part orphaned, the verifier's trained) trains only what is missing, and a learner
+  resumed behind its peers gets back what it lost without training its peers twice;
 * a learner killed: its new process reports the draws of its checkpoint. Parts delivered to the dead one, and
   draws it had trained past that checkpoint, are drawn again;
 * the buffer killed: it forgets everything, and learns from the learners' reports what was trained. The draws
-  below the highest trained one that no learner holds are drawn again (rollouts drop the groups of the dead
-  buffer's grants: the new one refuses their episodes), new draws continue above it.
+  below the highest trained one that not every agent trained are drawn again (rollouts drop the groups of the
+  dead buffer's grants: the new one refuses their episodes), new draws continue above it. (Not having seen
+  those groups, it cannot tell an agent that had no part in one: such a draw goes out once more, and every
+  agent that trained it drops its part.)
 
-So a killed and resumed run trains the same multiset of prompts as an uninterrupted one; what the crashes cost
-is generation: the groups in flight are drawn again (counted: `redrawn`). A draw lost `MAX_FAULTS` times by
-its prompt's fault (`fault`: an episode refused, a sample the model cannot take -- a prompt no model can train,
-e.g. one longer than the model's context) is given up and counted, rather than drawn forever; losses that say
-nothing about the prompt (a process killed, a lease expired, a part too stale or of orphaned weights, which a
-resume causes by the handful) never give a draw up. A draw counts as trained once any learner trained it: in a run of several learners, one learner
-killed loses for itself the draws its peers trained past its checkpoint (`lost_to_peers`), since drawing them
-again would train its peers twice.
+So a killed and resumed run trains the same multiset of prompts, agent by agent, as an uninterrupted one; what
+the crashes cost is generation: the groups in flight are drawn again (counted: `redrawn`). A draw lost
+`MAX_FAULTS` times by its prompt's fault (`fault`: an episode refused, a sample the model cannot take -- a
+prompt no model can train, e.g. one longer than the model's context) is given up and counted, rather than
+drawn forever; losses that say nothing about the prompt (a process killed, a lease expired, a part too stale
+or of orphaned weights, which a resume causes by the handful) never give a draw up.
 
 Pure bookkeeping: no sockets, no clocks; `TrajectoryBuffer` calls it under its lock.
 """
@@ -48,16 +51,16 @@ MAX_FAULTS = 3  # times a draw's group is lost by its prompt's fault before the 
 
 @dataclass
 class _Out:
-    """A draw handed out and not trained yet."""
+    """A draw handed out and not done yet."""
 
     group_id: str = ""  # once its group's first episode arrived
-    parts: Counter = field(default_factory=Counter)  # model -> parts of its group queued or at that model's learner
-    lost: bool = False  # a part was dropped before training: draw it again once no part is left
+    parts: Counter = field(default_factory=Counter)  # agent -> parts of its group queued here or at its learner
+    lost: bool = False  # a needed part was dropped before training: draw it again once no part is on its way
     fault: bool = False  # ... by the prompt's fault (see the module docstring)
 
 
 class DrawLedger:
-    """Draws handed out, trained (as learners report them), and lost: see the module docstring."""
+    """Draws handed out, trained (as learners report them, per agent), and lost: see the module docstring."""
 
     def __init__(self, journal: Optional[Callable[[dict], None]] = None, handed_out_before: int = 0,
                  given_up_before: Iterable[int] = ()) -> None:
@@ -68,21 +71,21 @@ class DrawLedger:
         it gave up (not drawn again by this one either)."""
         self._journal = journal
         self.handed_out_before = handed_out_before
-        self.reported: dict[str, DrawSet] = {}  # model -> the draws its learner reports trained
-        self.incarnations: dict[str, str] = {}
+        self.reported: dict[str, DrawSet] = {}  # agent -> the draws its learner reports it trained
+        self.incarnations: dict[str, str] = {}  # model -> its learner process
         self._void = DrawSet(0, given_up_before)  # draws settled here: nothing to train in them, or given up
-        self.settled = self._void.copy()  # reported by any learner, or void
+        self._needs: dict[int, set[str]] = {}  # draw -> the agents its groups had parts for (once complete)
+        self.settled = self._void.copy()  # done (every agent concerned trained it), or void
         self.cursor = 0  # the lowest draw never handed out
         self._free: list[int] = []  # lost draws (a heap), handed out again before any new one
         self._out: dict[int, _Out] = {}
         self._by_group: dict[str, int] = {}
-        self._at_learner: dict[str, Counter] = {}  # model -> draw -> parts delivered to its current learner
+        self._at_learner: dict[str, Counter] = {}  # model -> (draw, agent) -> parts delivered to its current learner
         self._times: Counter = Counter()  # draw -> times handed out (while not settled)
         self._faults: Counter = Counter()  # draw -> times lost by its prompt's fault (while not settled)
         self.issued = 0
         self.redrawn = 0
         self.given_up = 0
-        self.lost_to_peers = 0
 
     # ---- handing out --------------------------------------------------------------------------------
 
@@ -143,36 +146,40 @@ class DrawLedger:
             again += self._resolve(draw)
         self._say_again(again, why)
 
-    def completed(self, draw: int, parts: Mapping[str, int]) -> None:
-        """`draw`'s group completed with `parts` (model -> its agents' parts); none: nothing to train in it."""
+    def completed(self, draw: int, agents: Iterable[str]) -> None:
+        """`draw`'s group completed with a part for each of `agents` (none: nothing to train in it)."""
         out = self._out.get(draw)
         if out is None:
             return
-        out.parts.update({model: n for model, n in parts.items() if n})
-        if not out.parts:
+        agents = set(agents)
+        out.parts.update(agents)
+        self._needs.setdefault(draw, set()).update(agents)
+        if not self._needs[draw]:
             self._settle_here(draw)
 
-    def delivered(self, draw: int, model: str) -> None:
+    def delivered(self, draw: int, agent: str, model: str) -> None:
         if draw in self._out:
-            self._at_learner.setdefault(model, Counter())[draw] += 1
+            self._at_learner.setdefault(model, Counter())[draw, agent] += 1
 
-    def part_dropped(self, draw: int, model: str, why: str, delivered: bool = False, needed: bool = True,
-                     fault: bool = False) -> None:
-        """One of `model`'s parts of `draw`'s group was dropped before training (`delivered`: by its learner).
-        `needed`: the model still trains (False: it finished, the part is not missed); `fault`: for the prompt's
-        sake (a sample the model cannot take), not a crash's or the staleness bound's."""
+    def part_dropped(self, draw: int, agent: str, why: str, model: str = "", delivered: bool = False,
+                     needed: bool = True, fault: bool = False) -> None:
+        """`agent`'s part of `draw`'s group was dropped before training (`delivered`: by the learner of
+        `model`). `needed`: the agent still trains (False: its learner finished, the part is not missed);
+        `fault`: for the prompt's sake (a sample the model cannot take), not a crash's or the staleness bound's."""
         out = self._out.get(draw)
         if out is None:
             return
-        if delivered:
-            at = self._at_learner.get(model)
-            if at is not None and at[draw] > 0:
-                at[draw] -= 1
-                if not at[draw]:
-                    del at[draw]
-        out.parts[model] = max(out.parts[model] - 1, 0)
-        out.lost = out.lost or needed
-        out.fault = out.fault or (needed and fault)
+        at = self._at_learner.get(model) if delivered else None
+        if at is not None and at[draw, agent] > 0:
+            at[draw, agent] -= 1
+            if not at[draw, agent]:
+                del at[draw, agent]
+        out.parts[agent] = max(out.parts[agent] - 1, 0)
+        if not needed:
+            self._needs.get(draw, set()).discard(agent)
+        elif draw not in self.reported.get(agent, ()):  # a part of a draw its agent trained is not missed
+            out.lost = True
+            out.fault = out.fault or fault
         self._say_again(self._resolve(draw), why)
 
     def group_draw(self, group_id: str) -> Optional[int]:
@@ -180,46 +187,63 @@ class DrawLedger:
 
     # ---- what learners trained ------------------------------------------------------------------------
 
-    def report(self, model: str, incarnation: str, trained: DrawSet) -> None:
-        """`model`'s learner has trained `trained` (a new process: those of the checkpoint it resumed from)."""
-        previous = self.reported.get(model)
+    def report(self, model: str, incarnation: str, trained: Mapping[str, DrawSet]) -> None:
+        """`model`'s learner has trained `trained` (agent -> draws; a new process: those of the checkpoint it
+        resumed from)."""
+        previous = {agent: self.reported.get(agent) for agent in trained}
         new_process = bool(incarnation) and self.incarnations.get(model) not in (None, incarnation)
         if incarnation:
             self.incarnations[model] = incarnation
-        lost_with_process = self._at_learner.pop(model, Counter()) if new_process else Counter()
-        self.reported[model] = trained
-        self.settled = DrawSet.union([*self.reported.values(), self._void])
-        for draw in [d for d in self._out if d in self.settled]:
-            self._forget(draw)
-        again: list[int] = []
-        for draw, n in lost_with_process.items():
+        self.reported.update(trained)
+        self.cursor = max([self.cursor, *(draws.top for draws in trained.values())])  # a restarted buffer
+        self._recount()
+        gone = self._at_learner.pop(model, Counter()) if new_process else Counter()
+        for (draw, agent), n in gone.items():
             out = self._out.get(draw)
-            if out is not None:
-                out.parts[model] = max(out.parts[model] - n, 0)
-                out.lost = True
-                again += self._resolve(draw)
-        self._say_again(again, f"delivered to the learner of {model} that was replaced, not trained by it")
-        if new_process and previous is not None:
-            self._unsettled(model, previous, trained)
-        if trained.top > self.cursor:  # a buffer that restarted: what earlier grants left undone below it
-            gaps = [d for d in range(self.cursor, trained.top) if d not in self.settled]
-            self.cursor = trained.top
-            self._push_free(gaps)
-            if gaps:
-                self._say_again(gaps, f"handed out before this buffer started, not trained by the learner of {model}")
+            if out is not None:  # delivered to the dead process: gone with it
+                out.parts[agent] = max(out.parts[agent] - n, 0)
+                out.lost = out.lost or draw not in trained.get(agent, ())
+        again = [d for draw in list(self._out) for d in self._resolve(draw)]
+        with_process = {draw for draw, _ in gone}
+        self._say_again([d for d in again if d in with_process],
+                        f"delivered to the learner of {model} that was replaced, not trained by it")
+        self._say_again([d for d in again if d not in with_process],
+                        "a part of its group was dropped before training, the other agents trained theirs")
+        behind = {d for agent, before in previous.items() if new_process and before is not None
+                  for d in range(trained[agent].floor, before.top) if d in before and d not in trained[agent]}
+        missing = self._missing()
+        self._push_free(missing)
+        self._say_again([d for d in missing if d in behind],
+                        f"trained past the checkpoint the learner of {model} resumed from")
+        self._say_again([d for d in missing if d not in behind],
+                        f"handed out before this buffer started, not trained by every agent (reported by {model})")
 
-    def _unsettled(self, model: str, previous: DrawSet, trained: DrawSet) -> None:
-        """A learner resumed from a checkpoint behind its last report: what it trained past that checkpoint is
-        drawn again, unless a peer learner trained it too (then this model loses it, counted)."""
-        behind = [d for d in range(trained.floor, previous.top) if d in previous and d not in trained]
-        again = [d for d in behind if d not in self.settled]
-        self._push_free(again)
-        self._say_again(again, f"trained past the checkpoint the learner of {model} resumed from")
-        kept = len(behind) - len(again)
-        if kept:
-            self.lost_to_peers += kept
-            log.warning("draws: %d draw(s) the learner of %s trained past its checkpoint were trained by other "
-                        "learners too; they are not drawn again (it loses them)", kept, model)
+    def _recount(self) -> None:
+        """`settled` from the reports: below every agent's floor all is done (but for a group with a part for an
+        agent that has not reported); above it, draw by draw."""
+        if not self.reported:
+            return
+        floor = min(draws.floor for draws in self.reported.values())
+        below = [d for d in self._needs if d < floor]
+        for draw in below:
+            if self._done(draw):
+                del self._needs[draw]  # every agent concerned trained it: no need to remember them
+        floor = min([floor, *(d for d in below if d in self._needs)])
+        done = DrawSet(floor, (d for d in range(floor, self.cursor) if self._done(d)))
+        self.settled = DrawSet.union([done, self._void])
+
+    def _done(self, draw: int) -> bool:
+        """Whether every agent concerned trained `draw`: those with a part in its group, or (a group this
+        buffer did not see complete) every agent that reported."""
+        agents = self._needs.get(draw) or self.reported.keys()
+        return all(draw in self.reported.get(agent, ()) for agent in agents)
+
+    def _missing(self) -> list[int]:
+        """Draws handed out (below the cursor) that are neither done, nor on their way, nor waiting to go out
+        again: what a killed process held (a learner's trained past its checkpoint, a dead buffer's grants)."""
+        waiting = set(self._free)
+        return [d for d in range(self.settled.floor, self.cursor)
+                if d not in self.settled and d not in self._out and d not in waiting]
 
     def _push_free(self, draws: list[int]) -> None:
         """Draws handed out before (by this buffer or an earlier one) that must be drawn again."""
@@ -230,16 +254,19 @@ class DrawLedger:
     # ---- internals ------------------------------------------------------------------------------------
 
     def _resolve(self, draw: int) -> list[int]:
-        """Once no part of `draw` is left: forget it (trained, or nothing missed) or free it; returns it if freed."""
+        """Once no part of `draw` is on its way (a part whose agent trained the draw is not): forget it if it is
+        done, or free it if a part was lost; returns it if freed."""
         out = self._out.get(draw)
-        if out is None or sum(out.parts.values()) > 0:
+        if out is None:
             return []
-        if draw in self.settled:
+        if any(n > 0 and draw not in self.reported.get(agent, ()) for agent, n in out.parts.items()):
+            return []
+        if draw in self.settled or (draw in self._needs and self._done(draw)):
+            self.settled.add(draw)
             self._forget(draw)
             return []
         if not out.lost:
-            self._settle_here(draw)
-            return []
+            return []  # not complete yet
         self._forget(draw, keep_count=True)
         self._faults[draw] += out.fault
         if self._faults[draw] >= MAX_FAULTS:
@@ -262,7 +289,8 @@ class DrawLedger:
         if out is not None and out.group_id:
             self._by_group.pop(out.group_id, None)
         for at in self._at_learner.values():
-            at.pop(draw, None)
+            for key in [k for k in at if k[0] == draw]:
+                del at[key]
         if not keep_count:
             self._times.pop(draw, None)
             self._faults.pop(draw, None)
@@ -277,11 +305,10 @@ class DrawLedger:
             self._journal({"event": event, "draws": list(draws), **extra})
 
     def counters(self) -> dict[str, int]:
-        """`issued` (draws handed out), `redrawn` (of them, draws handed out again), `given_up`, `lost_to_peers`,
-        `out` (handed out, not trained), `cursor` (the lowest draw never handed out), `trained` (settled)."""
+        """`issued` (draws handed out), `redrawn` (of them, draws handed out again), `given_up`, `out` (handed
+        out, not done), `cursor` (the lowest draw never handed out), `trained` (settled)."""
         return {"issued": self.issued, "redrawn": self.redrawn, "given_up": self.given_up,
-                "lost_to_peers": self.lost_to_peers, "out": len(self._out), "cursor": self.cursor,
-                "trained": len(self.settled)}
+                "out": len(self._out), "cursor": self.cursor, "trained": len(self.settled)}
 
 
 def _short(draws: list[int], limit: int = 12) -> str:

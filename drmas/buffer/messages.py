@@ -132,7 +132,7 @@ class VersionUpdate(_Message):
     the buffer recount the model's staleness budget from what it still holds, since whatever the old process
     had pulled but not trained is gone. `finished` says the learner reached its last step: admission stops
     waiting for it, and parts for its agents are no longer kept (nobody will pull them). `trained`: the draws
-    its weights have trained (a resumed learner: those of its checkpoint); the buffer draws again what was
+    each of its agents has trained (a resumed learner: those of its checkpoint); the buffer draws again what was
     handed out and is neither trained nor on its way (`drmas.buffer.draws`). None: a learner outside the
     drawing order (tests, tools).
     """
@@ -142,7 +142,7 @@ class VersionUpdate(_Message):
     version: Version
     incarnation: Name = ""
     finished: bool = False
-    trained: Optional[Draws] = None
+    trained: Optional[Annotated[dict[AgentName, Draws], msgspec.Meta(max_length=1024)]] = None  # agent -> its draws
 
 
 class DropReport(_Message):

@@ -191,7 +191,7 @@ class TrajectoryBuffer(RouterServer):
         )
         if completed is not None:
             self._admission.on_complete(completed.models, completed.leased)
-            self._draws.completed(completed.draw, completed.parts)
+            self._draws.completed(completed.draw, completed.agents)
             for model in completed.models & self._admission.finished:
                 self._discard_model(model)
             self._new_groups = True
@@ -284,7 +284,7 @@ class TrajectoryBuffer(RouterServer):
         taken, dropped = self._store.take(pull.agents, pull.max_groups, self._stale_reason)
         for group in dropped:
             self._admission.on_dropped(group.group_id, group.model)
-            self._draws.part_dropped(group.draw, group.model, DROP_STALE)
+            self._draws.part_dropped(group.draw, group.agent, DROP_STALE)
         if not taken and not (allow_empty or pull.wait_ms == 0):
             return False
         batch = GroupBatchView(seq=pull.seq, groups=[self._view(g) for g in taken],
@@ -292,7 +292,7 @@ class TrajectoryBuffer(RouterServer):
         if self._send(self._consumers, identity, batch):
             self._store.mark_delivered(taken)
             for group in taken:
-                self._draws.delivered(group.draw, group.model)
+                self._draws.delivered(group.draw, group.agent, group.model)
             return True
         self._store.requeue(taken)  # the learner went away: keep its groups for the next one
         self._new_groups = self._new_groups or bool(taken)
@@ -322,7 +322,9 @@ class TrajectoryBuffer(RouterServer):
             log.info("buffer: learner %s of %s reports version %d (was %s): its budget is recounted",
                      update.incarnation, model, update.version, before)
         if update.trained is not None:
-            self._draws.report(model, update.incarnation, DrawSet(update.trained.floor, update.trained.extra))
+            self._draws.report(model, update.incarnation, {  # only this model's agents: another's would be a lie
+                agent: DrawSet(draws.floor, draws.extra) for agent, draws in update.trained.items()
+                if self._agent_models.get(agent) == model})
         if update.finished:
             log.info("buffer: the learner of %s finished at version %d: its parts are no longer kept", model,
                      update.version)
@@ -332,7 +334,7 @@ class TrajectoryBuffer(RouterServer):
         """Drop the queued parts of a finished model (counted): held, they would fill the buffer for good."""
         for agent in self._store.agents_of(model):
             for group in self._store.discard(agent, lambda group: group.model == model, DROP_MODEL_FINISHED):
-                self._draws.part_dropped(group.draw, model, DROP_MODEL_FINISHED, needed=False)
+                self._draws.part_dropped(group.draw, group.agent, DROP_MODEL_FINISHED, needed=False)
 
     def _on_drop_report(self, report: DropReport) -> None:
         """Learner-side drops were already delivered: count them apart and give their budget back."""
@@ -346,8 +348,8 @@ class TrajectoryBuffer(RouterServer):
                 self._admission.on_dropped(group_id, model)
                 draw = self._draws.group_draw(group_id)
                 if draw is not None:
-                    self._draws.part_dropped(draw, model, f"its learner dropped it ({report.reason})", delivered=True,
-                                             fault=report.reason not in CIRCUMSTANTIAL_DROPS)
+                    self._draws.part_dropped(draw, report.agent, f"its learner dropped it ({report.reason})", model,
+                                             delivered=True, fault=report.reason not in CIRCUMSTANTIAL_DROPS)
 
     # ---- timers and parked requests ---------------------------------------------------------------
 
@@ -398,7 +400,7 @@ class TrajectoryBuffer(RouterServer):
             dropped = self._store.discard(agent, predicate, reason)
             for group in dropped:
                 self._admission.on_dropped(group.group_id, group.model)
-                self._draws.part_dropped(group.draw, group.model, reason)
+                self._draws.part_dropped(group.draw, group.agent, reason)
             return len(dropped)
 
     def discard_stale(self) -> int:

@@ -77,7 +77,7 @@ class CompletedGroup:
     leased: bool
     models: frozenset[str]
     draw: int = -1
-    parts: dict[str, int] = field(default_factory=dict)  # model -> its agents' parts of the group
+    agents: frozenset[str] = frozenset()  # the agents with a part of the group
 
 
 @dataclass
@@ -247,8 +247,9 @@ class GroupStore:
                 prompt=group.prompt,
             )
             self._queues.setdefault(agent, deque()).append(part)
-        parts = Counter(samples[0].model for samples in by_agent.values())
-        return CompletedGroup(group.group_id, group.producer, group.leased, frozenset(parts), group.draw, dict(parts))
+        return CompletedGroup(group.group_id, group.producer, group.leased,
+                              frozenset(samples[0].model for samples in by_agent.values()), group.draw,
+                              frozenset(by_agent))
 
     # ---- departure --------------------------------------------------------------------------------
 

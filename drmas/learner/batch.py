@@ -16,8 +16,10 @@ checkpoint, see `drmas.core.lineage`), or with a sample the model cannot take (`
 token ids past its vocabulary, more tokens than its positions, non-finite values), is dropped whole (its
 agent's advantages need the whole part) and reported, so the buffer counts it and frees its admission slot
 for a replacement. So is a part of a draw this learner has trained already for that agent (`already_trained`:
-the group of a draw a restarted buffer handed out again before the learners told it what they had trained):
-a learner never trains one prompt twice.
+the group of a draw handed out again for another agent, or by a restarted buffer): a learner never trains
+one prompt twice for one agent. A part that makes up for one its agent lost, of a draw the learner's other
+agents trained, is trained on top of the step's groups, so the steps of a resumed run train what those of an
+uninterrupted run do (`drmas.buffer.draws`).
 """
 
 from __future__ import annotations
@@ -55,9 +57,16 @@ class StepBatch:
     def samples(self) -> list[Sample]:
         return [s for g in self.groups for s in g.samples]
 
-    def prompts(self) -> dict[int, str]:
-        """Draw number -> problem uid of every group of the batch in the drawing order (`drmas.core.draws`)."""
-        return {g.draw: g.prompt for g in self.groups if g.draw >= 0}
+    def prompts_record(self) -> dict:
+        """What the batch trains of the drawing order (`drmas.core.draws`), for `prompts.jsonl`: its draws in
+        order, their problems' uids, and the draws each agent trains (a draw drawn again for one agent)."""
+        drawn = {g.draw: g.prompt for g in self.groups if g.draw >= 0}
+        agents: dict[str, list[int]] = {}
+        for g in self.groups:
+            if g.draw >= 0:
+                agents.setdefault(g.agent, []).append(g.draw)
+        return {"draws": sorted(drawn), "prompts": [drawn[d] for d in sorted(drawn)],
+                "agents": {agent: sorted(draws) for agent, draws in sorted(agents.items())}}
 
 
 class GroupCollector:
@@ -66,12 +75,17 @@ class GroupCollector:
     def __init__(self, consumer: BufferConsumer, agents: Sequence[str], groups_per_step: int,
                  max_staleness: int, stop: StopFlag, poll_ms: int = 200,
                  limits: SampleLimits | None = None, idle: Callable[[], None] | None = None,
-                 trained: Callable[[AgentGroup], bool] | None = None) -> None:
+                 trained: Callable[[AgentGroup], bool] | None = None,
+                 makeup: Callable[[AgentGroup], bool] | None = None) -> None:
         """``idle``: called before every pull (at most ``poll_ms`` apart while the buffer has nothing): the
         learner serves rollouts that joined meanwhile from its own thread (see `WeightSender.serve_joins`).
-        ``trained``: whether a part's draw was trained already for its agent (such a part is dropped)."""
+        ``trained``: whether a part's draw was trained already for its agent (such a part is dropped).
+        ``makeup``: whether a part makes up for one its agent lost of a draw this learner's other agents
+        trained (a draw drawn again for one agent): it is trained in the step on top of its groups, so a
+        resumed run's steps train what an uninterrupted run's do, agent by agent."""
         self.consumer = consumer
         self.trained = trained
+        self.makeup = makeup
         self.idle = idle
         self.limits = limits
         self.agents = list(agents)
@@ -116,7 +130,8 @@ class GroupCollector:
                     self._drop(part, DROP_ALREADY_TRAINED, batch)
                     continue
                 batch.groups.append(part)
-                group_ids.add(part.group_id)
+                if part.draw < 0 or self.makeup is None or not self.makeup(part):
+                    group_ids.add(part.group_id)
         return batch
 
     def _violation(self, part: AgentGroup) -> str | None:

@@ -25,7 +25,8 @@ groups untrained), never after a whole extra update; then the learner saves its 
 The draws it trains (`drmas.core.draws`: each group's place in the run's drawing order) are its record of
 which prompts its weights have seen: kept per agent, saved in every checkpoint, reported to the buffer with
 every version (the buffer draws again whatever was handed out and is neither trained nor on its way, see
-`drmas.buffer.draws`), and written per step to `prompts.jsonl` (`{"step", "draws", "prompts"}`).
+`drmas.buffer.draws`), and written per step to `prompts.jsonl` (`{"step", "draws", "prompts", "agents"}`: the draws, their problems'
+uids, and the draws each agent trained).
 
 Everything this learner writes (metrics, TensorBoard, checkpoints, prompts.jsonl) lives in
 `<output_dir>/learner-<model>/`, so learners of different models never share a file and a restarted learner
@@ -133,7 +134,9 @@ class LearnerWorker:
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
                                         cfg.pipeline.max_staleness, stop, limits=self.limits,
                                         idle=self._while_waiting,
-                                        trained=lambda part: part.draw in self.trained[part.agent])
+                                        trained=lambda part: part.draw in self.trained[part.agent],
+                                        makeup=lambda part: any(part.draw in self.trained[agent]
+                                                                for agent in self.agents if agent != part.agent))
         self.failed_updates = 0
 
     def _current_weights(self):
@@ -189,8 +192,7 @@ class LearnerWorker:
                 scalars.update(self._timing(batch, now - last))
                 last = now
                 writer.log(self.version, scalars, hists)
-                drawn = batch.prompts()
-                prompts.write({"step": self.version, "draws": sorted(drawn), "prompts": [drawn[d] for d in sorted(drawn)]})
+                prompts.write({"step": self.version, **batch.prompts_record()})
                 if cfg.logging.console_every and self.version % cfg.logging.console_every == 0:
                     log.info(agent_line(self.version, scalars, self.agents, [self.model_id]))
                 if cfg.trainer.checkpoint_interval and self.version % cfg.trainer.checkpoint_interval == 0:
@@ -309,7 +311,7 @@ class LearnerWorker:
         while True:
             try:
                 self.consumer.report_version(self.model_id, self.version, self.lineage.incarnation, finished,
-                                             trained=DrawSet.union(self.trained.values()))
+                                             trained=self.trained)
                 return
             except TimeoutError as exc:
                 log.warning("%s; retrying", exc)
