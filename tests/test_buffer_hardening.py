@@ -36,6 +36,24 @@ def _advance(admission: AdmissionController, model: str, incarnation: str, versi
         admission.update_version(model, version, incarnation, queued_groups=14 - 2 * version)
 
 
+def test_a_group_gives_its_budget_back_only_when_it_leaves_its_model_nothing_to_train() -> None:
+    """After a learner restart the solver's part of a group was orphaned and its verifier's trained: the group
+    was consumed, and refunding it let rollouts start a group too many (dropped stale, drawn again)."""
+    admission = AdmissionController({"solver": "m", "verifier": "m"}, {"m": 2}, max_staleness=0,
+                                    max_running=None, lease_timeout_s=60)
+    admission.update_version("m", 0, "a")
+    for group in ("g0", "g1"):
+        admission.on_complete({"m"}, leased=False, group_id=group, parts={"m": 2})
+    admission.on_dropped("g0", "m")  # the solver's part: the verifier's is trained
+    assert admission.accepted["m"] == 2 and admission.capacity() == 0
+    admission.on_dropped("g1", "m")
+    admission.on_dropped("g1", "m")  # both parts: nothing of it is trained
+    assert admission.accepted["m"] == 1 and admission.capacity() == 1
+    admission.on_complete({"m"}, leased=False, group_id="g2", parts={"m": 2})
+    admission.on_dropped("g2", "m", whole=True)  # a draw drawn again for one agent: not counted in a step
+    assert admission.accepted["m"] == 1
+
+
 def test_a_learner_restarted_behind_its_peer_gets_its_budget_back() -> None:
     admission = AdmissionController({"solver": "m1", "verifier": "m2"}, {"m1": 2, "m2": 2}, max_staleness=1,
                                     max_running=None, lease_timeout_s=60)

@@ -7,7 +7,8 @@ Bookkeeping per model (see `admission_capacity` for why these numbers):
 
 * ``version``  the latest version its learner reported (`VersionUpdate`), 0 before any report.
 * ``accepted`` complete groups that contain samples of the model, minus groups dropped before
-  training (they must be replaced, or the learner would wait forever for its step's groups). On a
+  training (they must be replaced, or the learner would wait forever for its step's groups): a group
+  counts as dropped once its last part for the model is, not at its first (`on_dropped`). On a
   version report it is raised to at least ``version * groups_per_step``: a learner at version v has
   consumed that many, which restores the budget after a buffer restart.
 * ``incarnation`` the learner process that reported last. A report from a new one (a learner restarted,
@@ -75,6 +76,7 @@ class AdmissionController:
         self.expired_total = 0
         self._leases: dict[str, deque[_Lease]] = {}
         self._dropped: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._parts_left: OrderedDict[tuple[str, str], int] = OrderedDict()  # (group, model) -> parts not dropped
         self._drop_memory = drop_memory
 
     # ---- grants -----------------------------------------------------------------------------------
@@ -150,22 +152,38 @@ class AdmissionController:
 
     # ---- group outcomes ---------------------------------------------------------------------------
 
-    def on_complete(self, models: Iterable[str], leased: bool) -> None:
+    def on_complete(self, models: Iterable[str], leased: bool, group_id: str = "",
+                    parts: Optional[Mapping[str, int]] = None) -> None:
+        """A group completed; `parts`: model -> how many of its agents' parts it has (see `on_dropped`)."""
         if leased:
             self.running -= 1
         for model in models:
             if model in self.accepted:
                 self.accepted[model] += 1
+        for model, n in (parts or {}).items():
+            if n > 1:
+                self._parts_left[group_id, model] = n
+                if len(self._parts_left) > self._drop_memory:
+                    self._parts_left.popitem(last=False)
 
     def on_abandoned(self, leased: bool) -> None:
         if leased:
             self.running -= 1
 
-    def on_dropped(self, group_id: str, model: str) -> None:
-        """A group's part for `model` was dropped before training: give its budget slot back, once."""
+    def on_dropped(self, group_id: str, model: str, whole: bool = False) -> None:
+        """A group's part for `model` was dropped before training: give its budget slot back, once, when the
+        group leaves the model nothing to train -- its last part dropped, or (`whole`) a part of a group its
+        learner does not count in a step (a draw drawn again for another agent, `drmas.learner.batch`). A group
+        whose verifier part trained while its solver part was dropped was consumed: refunding it would let
+        the rollouts start a group too many, too stale by the time it is trained."""
         key = (group_id, model)
         if model not in self.accepted or key in self._dropped:
             return
+        left = self._parts_left.get(key, 1)
+        if left > 1 and not whole:
+            self._parts_left[key] = left - 1
+            return
+        self._parts_left.pop(key, None)
         self._dropped[key] = None
         if len(self._dropped) > self._drop_memory:
             self._dropped.popitem(last=False)

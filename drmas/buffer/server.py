@@ -36,6 +36,7 @@ from drmas.buffer.draws import DrawLedger
 from drmas.buffer.framing import AgentGroupView, EpisodeView, FrameLike, GroupBatchView, validated_samples
 from drmas.buffer.messages import (
     CIRCUMSTANTIAL_DROPS,
+    DROP_ALREADY_TRAINED,
     DROP_STALE,
     REJECT_UNEXPECTED,
     Ack,
@@ -190,7 +191,7 @@ class TrajectoryBuffer(RouterServer):
             self._clock(), claim_lease=lambda: self._claim(episode), draw=episode.draw, prompt=episode.prompt,
         )
         if completed is not None:
-            self._admission.on_complete(completed.models, completed.leased)
+            self._admission.on_complete(completed.models, completed.leased, completed.group_id, completed.parts)
             self._draws.completed(completed.draw, completed.agents)
             for model in completed.models & self._admission.finished:
                 self._discard_model(model)
@@ -345,7 +346,7 @@ class TrajectoryBuffer(RouterServer):
         model = self._agent_models.get(report.agent)
         if model is not None:
             for group_id in report.group_ids:
-                self._admission.on_dropped(group_id, model)
+                self._admission.on_dropped(group_id, model, whole=report.reason == DROP_ALREADY_TRAINED)
                 draw = self._draws.group_draw(group_id)
                 if draw is not None:
                     self._draws.part_dropped(draw, report.agent, f"its learner dropped it ({report.reason})", model,

@@ -78,6 +78,7 @@ class CompletedGroup:
     models: frozenset[str]
     draw: int = -1
     agents: frozenset[str] = frozenset()  # the agents with a part of the group
+    parts: dict[str, int] = field(default_factory=dict)  # model -> its agents' parts of the group
 
 
 @dataclass
@@ -247,9 +248,9 @@ class GroupStore:
                 prompt=group.prompt,
             )
             self._queues.setdefault(agent, deque()).append(part)
-        return CompletedGroup(group.group_id, group.producer, group.leased,
-                              frozenset(samples[0].model for samples in by_agent.values()), group.draw,
-                              frozenset(by_agent))
+        parts = Counter(samples[0].model for samples in by_agent.values())
+        return CompletedGroup(group.group_id, group.producer, group.leased, frozenset(parts), group.draw,
+                              frozenset(by_agent), dict(parts))
 
     # ---- departure --------------------------------------------------------------------------------
 
