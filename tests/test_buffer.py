@@ -76,6 +76,8 @@ def test_each_agent_gets_its_samples_with_every_episode_score(make_buffer, clien
     assert {s.agent for s in solver_group.samples} == {"solver"}
     assert {s.agent for s in verifier_group.samples} == {"verifier"}
     assert solver_group.episode_scores == verifier_group.episode_scores == {"g/e0": 0.5, "g/e1": 1.0}
+    # each part names every agent of its group: a learner's agent with none had nothing to train in it
+    assert solver_group.group_agents == verifier_group.group_agents == ["solver", "verifier"]
     assert solver_learner.pull(["solver"]) == [] and verifier_learner.pull(["verifier"]) == []
 
 

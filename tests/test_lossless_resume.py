@@ -175,6 +175,11 @@ def test_runs_killed_with_kill_9_train_the_same_prompts(runs) -> None:
     # every process. Groups in flight when the rollout or the buffer dies are drawn again too, and after a
     # learner restart groups generated on the weights it no longer has (dropped stale or orphaned)
     assert redrawn["learner"] >= PROMPTS_PER_STEP and redrawn["all"] >= PROMPTS_PER_STEP
+    # and no more than what was in flight: a step trained past the checkpoint, plus the groups_in_flight=2
+    # groups generated meanwhile (before: a group whose solver part was orphaned and verifier part trained gave
+    # its budget back, and rollouts started groups on the killed learner's weights: 7 to 10 for the learner)
+    in_flight = {"rollout": 2, "buffer": 2, "learner": 2 + PROMPTS_PER_STEP, "all": 2 + PROMPTS_PER_STEP}
+    assert all(redrawn[kind] <= n for kind, n in in_flight.items()), redrawn
     # and each is said where it happens
     assert "trained past the checkpoint the learner of policy resumed from" in killed.log("buffer", 2)
     assert "an earlier buffer of this run handed them out" in killed.log("buffer", 3)

@@ -206,6 +206,7 @@ class BufferProducer(_Client):
             self._heartbeat = _Heartbeat(endpoint, producer_id, heartbeat_s, curve, context)
         self.window = window
         self.rejections: list[Rejection] = []
+        self.learner_versions: dict[str, int] = {}  # model -> its learner's version, as of the last grant
         self._unacked: dict[int, str] = {}  # seq -> episode_id
         self.lost_episodes = 0  # unacknowledged when the buffer restarted
 
@@ -253,10 +254,12 @@ class BufferProducer(_Client):
 
     def request_admission(self, n_groups: int) -> list[int]:
         """Ask to start `n_groups` new groups; returns the draws of those the staleness bound allows now (one
-        group each, in the run's drawing order: `drmas.core.draws`)."""
+        group each, in the run's drawing order: `drmas.core.draws`). The versions the grant was based on are
+        kept in `learner_versions` (0 groups: just ask for them)."""
         seq = next(self._seq)
         reply = self._request(AdmitRequest(seq=seq, producer=self.producer_id, n_groups=n_groups), seq)
         assert isinstance(reply, AdmitReply), reply
+        self.learner_versions = dict(reply.versions)
         return list(reply.draws)
 
     def pop_rejections(self) -> list[Rejection]:

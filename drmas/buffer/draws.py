@@ -20,9 +20,9 @@ lost on the way is handed out again before a new one:
   draws it had trained past that checkpoint, are drawn again;
 * the buffer killed: it forgets everything, and learns from the learners' reports what was trained. The draws
   below the highest trained one that not every agent trained are drawn again (rollouts drop the groups of the
-  dead buffer's grants: the new one refuses their episodes), new draws continue above it. (Not having seen
-  those groups, it cannot tell an agent that had no part in one: such a draw goes out once more, and every
-  agent that trained it drops its part.)
+  dead buffer's grants: the new one refuses their episodes), new draws continue above it. (A learner counts
+  a draw as trained for its agents that had no part in the group, `AgentGroup.group_agents`, so those are
+  not mistaken for missing.)
 
 So a killed and resumed run trains the same multiset of prompts, agent by agent, as an uninterrupted one; what
 the crashes cost is generation: the groups in flight are drawn again (counted: `redrawn`). A draw lost

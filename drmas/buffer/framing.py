@@ -21,7 +21,7 @@ Python object on each side, which for a 10 KiB sample is several times what copy
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
 import msgspec
@@ -94,6 +94,7 @@ class AgentGroupView:
     checked: bool = False
     draw: int = -1
     prompt: str = ""
+    group_agents: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -173,7 +174,7 @@ def encode_frames(message: object) -> list[FrameLike]:
         view = GroupBatchView(seq=message.seq, instance=message.instance, groups=[
             AgentGroupView(group_id=g.group_id, agent=g.agent, model=g.model, episode_scores=g.episode_scores,
                            group_rewards=g.group_rewards, samples=[encode_sample(s) for s in g.samples],
-                           draw=g.draw, prompt=g.prompt)
+                           draw=g.draw, prompt=g.prompt, group_agents=g.group_agents)
             for g in message.groups
         ])
         return encode_frames(view)
@@ -183,7 +184,8 @@ def encode_frames(message: object) -> list[FrameLike]:
         for g in message.groups:
             groups.append(GroupHead(group_id=g.group_id, agent=g.agent, model=g.model,
                                     sample_sizes=sizes[at:at + len(g.samples)], episode_scores=g.episode_scores,
-                                    group_rewards=g.group_rewards, draw=g.draw, prompt=g.prompt))
+                                    group_rewards=g.group_rewards, draw=g.draw, prompt=g.prompt,
+                                    group_agents=g.group_agents))
             at += len(g.samples)
         head = GroupBatchHead(seq=message.seq, instance=message.instance, checked=message.checked, groups=groups)
         return [encode_head(head), *frames]
@@ -238,7 +240,7 @@ def decode_client_reply(frames: Sequence[FrameLike]) -> ClientReply:
         groups.append(AgentGroupView(group_id=group.group_id, agent=group.agent, model=group.model,
                                      samples=samples[at:at + n_samples], episode_scores=group.episode_scores,
                                      group_rewards=group.group_rewards, checked=head.checked, draw=group.draw,
-                                     prompt=group.prompt))
+                                     prompt=group.prompt, group_agents=group.group_agents))
         at += n_samples
     return GroupBatchView(seq=head.seq, groups=groups, instance=head.instance, checked=head.checked)
 
@@ -281,6 +283,7 @@ def open_group(view: AgentGroupView, checked: Optional[bool] = None) -> AgentGro
     return AgentGroup(
         group_id=view.group_id, agent=view.agent, model=view.model, samples=samples,
         episode_scores=view.episode_scores, group_rewards=view.group_rewards, draw=view.draw, prompt=view.prompt,
+        group_agents=list(view.group_agents),
     )
 
 

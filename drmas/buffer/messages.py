@@ -219,6 +219,8 @@ class AgentGroup(msgspec.Struct, kw_only=True):
     group_rewards: list[float] = []
     draw: int = -1  # the group's draw number, and its problem's uid (see `EpisodeMsg`)
     prompt: str = ""
+    # the agents with a part of the group (the others had nothing to train in it)
+    group_agents: Annotated[list[AgentName], msgspec.Meta(max_length=1024)] = []
 
 
 class GroupBatch(_Message):
@@ -290,6 +292,7 @@ class GroupHead(msgspec.Struct, kw_only=True):
     group_rewards: list[float] = []
     draw: int = -1
     prompt: str = ""
+    group_agents: Annotated[list[AgentName], msgspec.Meta(max_length=1024)] = []
 
 
 class GroupBatchHead(_Message, tag="GroupBatch"):

@@ -313,6 +313,7 @@ class TrajectoryBuffer(RouterServer):
             group_rewards=group.group_rewards,
             draw=group.draw,
             prompt=group.prompt,
+            group_agents=list(group.group_agents),
         )
 
     def _on_version(self, update: VersionUpdate) -> None:

@@ -62,6 +62,7 @@ class QueuedGroup:
     order: int  # completion order across all agents, for oldest-first delivery
     draw: int = -1  # the group's draw number (`drmas.buffer.draws`), -1 outside the drawing order
     prompt: str = ""
+    group_agents: tuple[str, ...] = ()  # the agents with a part of the group
 
     @property
     def n_samples(self) -> int:
@@ -246,6 +247,7 @@ class GroupStore:
                 order=self._order,
                 draw=group.draw,
                 prompt=group.prompt,
+                group_agents=tuple(sorted(by_agent)),
             )
             self._queues.setdefault(agent, deque()).append(part)
         parts = Counter(samples[0].model for samples in by_agent.values())

@@ -25,8 +25,9 @@ groups untrained), never after a whole extra update; then the learner saves its 
 The draws it trains (`drmas.core.draws`: each group's place in the run's drawing order) are its record of
 which prompts its weights have seen: kept per agent, saved in every checkpoint, reported to the buffer with
 every version (the buffer draws again whatever was handed out and is neither trained nor on its way, see
-`drmas.buffer.draws`), and written per step to `prompts.jsonl` (`{"step", "draws", "prompts", "agents"}`: the draws, their problems'
-uids, and the draws each agent trained).
+`drmas.buffer.draws`), and written per step to `prompts.jsonl` (`{"step", "draws", "prompts", "agents"}`: the
+draws, their problems' uids, and the draws each agent trained). Its checkpoints also keep the order's
+fingerprint: a resume under another `trainer.seed` or training split is refused before any model is built.
 
 Everything this learner writes (metrics, TensorBoard, checkpoints, prompts.jsonl) lives in
 `<output_dir>/learner-<model>/`, so learners of different models never share a file and a restarted learner
@@ -250,6 +251,9 @@ class LearnerWorker:
             for part in batch.groups:
                 if part.draw >= 0:
                     self.trained[part.agent].add(part.draw)
+                    for agent in self.agents:  # those with no part in the group had nothing to train in it
+                        if part.group_agents and agent not in part.group_agents:
+                            self.trained[agent].add(part.draw)
             report = self._collective("weight push", lambda: self.sender.push(self.source, self.version))
         self._report_version()
         scalars.update({

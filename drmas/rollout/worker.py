@@ -14,7 +14,9 @@ One `EpisodeRunner.stream` runs for the life of the process. Before every engine
   numbers: each group is the group of one draw of the run's drawing order (`ProblemSampler.at`, the same
   order in every rollout and in the colocated loop), and its episodes carry that number to the learner.
   When the buffer restarts, the groups of the dead buffer's grants are abandoned (the new one hands their
-  draws out again; it would refuse their episodes).
+  draws out again; it would refuse their episodes). While an engine holds weights newer than its learner
+  reports (a learner resumed from an older checkpoint and not re-joined yet), granted draws are held back
+  rather than generated on weights whose samples would be dropped as orphaned.
 
 A finished episode goes to the buffer at once with the samples of trained agents only (nothing else would
 ever leave the buffer) and the rewards of the other calls (frozen agents), which still count in the episode's
@@ -122,6 +124,8 @@ class RolloutWorker:
         self.abandoned: set[str] = set()  # groups of a buffer that restarted: their episodes are not sent
         self.abandoned_groups = 0
         self._buffer_restarts = 0
+        self._deferred: list[int] = []  # granted draws held back (see `_ahead_of_learners`)
+        self._holding = False
         self.groups_started = 0
         self.rejected: Counter[str] = Counter()
         self._next_admission = 0.0
@@ -184,13 +188,18 @@ class RolloutWorker:
         if wanted <= 0 or time.monotonic() < self._next_admission:
             return []
         try:
-            draws = self.producer.request_admission(wanted)
+            fresh = self.producer.request_admission(wanted - len(self._deferred))
         except TimeoutError as exc:
             log.warning("%s; retrying", exc)
-            draws = []
+            fresh = []
         self._check_buffer_restart()  # before starting groups of the new buffer's grant
-        if len(draws) < wanted:  # the bound (or the buffer) holds us back: ask again a little later, not every round
+        draws, self._deferred = self._deferred + fresh, []
+        if draws and self._ahead_of_learners():
+            self._deferred = draws  # weights of a lost branch: wait for the resumed learner's
+        if len(draws) < wanted or self._deferred:  # held back: ask again a little later, not every round
             self._next_admission = time.monotonic() + _IDLE_SLICE_S
+        if self._deferred:
+            return []
         requests = []
         for draw in draws:
             problem = self.sampler.at(draw)
@@ -199,6 +208,19 @@ class RolloutWorker:
             self.open_groups[group_id] = _OpenGroup(self.group_size, draw, problem.uid)
             requests += [EpisodeRequest(f"{group_id}-e{i}", group_id, problem) for i in range(self.group_size)]
         return requests
+
+    def _ahead_of_learners(self) -> bool:
+        """Whether an engine holds weights newer than its learner reported to the buffer: those of a learner
+        killed past its last checkpoint (the resumed one reported an older version and has not re-joined
+        yet), or of a push whose report is on its way. Groups started on them now would be dropped as
+        orphaned or become stale, so the grant waits (its draws kept) until the weights catch up. A version
+        0 says nothing (a learner this buffer has not heard from may have finished and gone): never held."""
+        versions = self.producer.learner_versions  # 0: not reported (yet) to this buffer, or nothing trained
+        ahead = {m: (e.version, versions[m]) for m, e in self.engines.items() if 0 < versions.get(m, 0) < e.version}
+        if ahead and not self._holding:
+            log.info("holding granted draws: engine weights ahead of their learners' reported versions %s", ahead)
+        self._holding = bool(ahead)
+        return bool(ahead)
 
     def _check_buffer_restart(self) -> None:
         """A buffer that restarted forgot the grants of its predecessor: abandon their groups (it draws them again)."""
@@ -211,6 +233,7 @@ class RolloutWorker:
                         "new buffer draws them again", len(stale), sorted(self.open_groups[g].draw for g in stale))
         self.abandoned.update(stale)
         self.abandoned_groups += len(stale)
+        self._deferred = []  # the dead buffer's grants: the new one draws them again
 
     def _publish(self, result: EpisodeResult) -> None:
         """Send a finished episode (its trained agents' samples, the other calls' rewards) to the buffer, waiting
