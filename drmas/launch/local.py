@@ -26,6 +26,7 @@ from typing import Optional, TextIO
 from urllib.parse import urlsplit
 
 from drmas import assembly
+from drmas.config.derived import model_config
 from drmas.config.schema import DrmasConfig
 from drmas.launch.gpus import GpuAssignment, visible_gpus
 from drmas.launch.supervisor import Child, Supervisor
@@ -109,7 +110,7 @@ class LocalChild(Child):
 
     def spawn(self) -> str:
         launcher = self.launcher
-        ranks = launcher.cfg.models[self.args[1]].ranks if self.role == "learner" else 1
+        ranks = model_config(launcher.cfg, self.args[1]).ranks if self.role == "learner" else 1
         gpus = launcher.gpus_of(self.role, self.args)
         env = None if gpus is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
         self.proc = popen_session(child_command(launcher.python, self.module, str(launcher.config_file), self.args,
@@ -144,7 +145,8 @@ class LocalLauncher(Supervisor):
 
     def _check_machine(self) -> None:
         for model_id in assembly.trained_models(self.cfg):  # the learners' ranks run on this machine
-            check_ranks(self.cfg.models[model_id].device, self.cfg.models[model_id].ranks, f"models.{model_id}.ranks")
+            mcfg = model_config(self.cfg, model_id)
+            check_ranks(mcfg.device, mcfg.ranks, f"models.{model_id}.ranks")
         if self.cfg.pipeline.gpus.active():
             self.gpus = GpuAssignment(self.cfg.pipeline.gpus, visible_gpus())
 
