@@ -21,5 +21,6 @@ def _vllm_engine(*args, **kwargs):
 # and its log-probs are those of the top-p truncated distribution, which training must not use.
 _vllm_engine.takes_engine_args = True  # type: ignore[attr-defined]
 _vllm_engine.truncates_top_p = True  # type: ignore[attr-defined]
+_vllm_engine.serves_adapters = True  # type: ignore[attr-defined]  (LoRA adapters: `adapters=` of the factory)
 
 __all__ = ["ENGINES", "Engine", "Generation", "SamplingParams"]
