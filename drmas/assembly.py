@@ -12,6 +12,7 @@ registries, before any process starts or any model is built.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -144,6 +145,17 @@ def _engine_problems(cfg: DrmasConfig) -> list[str]:
     return found
 
 
+def require_packages(cfg: DrmasConfig) -> None:
+    """ValueError naming the key when a component the config chooses needs a package this machine lacks (the
+    vLLM engine): asked where the components will run, before anything starts, rather than in
+    `check_components`, so a config for a GPU cluster can still be shown and checked on a laptop."""
+    engine = ENGINES.get(cfg.rollout.engine)
+    needs = getattr(engine, "needs", None)  # (module, how to install it)
+    if needs is not None and importlib.util.find_spec(needs[0]) is None:
+        raise ValueError(f"rollout.engine={cfg.rollout.engine}: the {needs[0]} package is not installed here: "
+                         f"{needs[1]}")
+
+
 def build_task(cfg: DrmasConfig) -> Task:
     return _build_task(cfg.task)
 
@@ -153,7 +165,8 @@ def build_orchestra(cfg: DrmasConfig, task: Task) -> Orchestra:
     factory = ORCHESTRAS.get(cfg.system.name)
     extra = {}
     if getattr(factory, "needs_retriever", False):  # the search system: its retriever is built from `retrieval`
-        extra["retriever"] = build_retriever(cfg.retrieval, task)
+        extra["retriever"] = build_retriever(cfg.retrieval, task,
+                                             show_progress=process.progress_bars_on(cfg.logging.progress_bar))
         extra["topk"] = cfg.retrieval.topk
     return factory(cfg.system, agents_by_role, task, **extra)
 

@@ -229,8 +229,10 @@ class EvalConfig:
     )
     resume: bool = _f(
         False,
-        "`drmas eval`: continue the evaluation in trainer.output_dir: questions it finished (eval_questions.jsonl) "
-        "are kept, not sampled again; refused if the sampling settings changed. A larger max_questions extends it.",
+        "`drmas eval`: continue the evaluation of the same checkpoint and settings (its directory under "
+        "<trainer.output_dir>/evals/): questions it finished (eval_questions.jsonl) are kept, not sampled again; "
+        "refused, naming them, if the sampling settings changed. A larger max_questions extends it. Without it, "
+        "an evaluation that was already run is refused (each evaluation has a directory of its own).",
     )
 
 
@@ -307,10 +309,11 @@ class PipelineConfig:
     learner_hosts: dict[str, str] = _f(dict, "Model id -> weight-sync address of that model's learner (a model with "
                                        "adapters: of all its adapters' learners; <model>/<adapter>: of one).")
     learner_base_port: int = _f(
-        5610,
-        "Weight-sync control port of the first model (in the order of `models`, a model with adapters counting "
-        "once per adapter), +1 for the next, ... "
-        "0 = `drmas run` picks free ports (processes started by hand need real ports).",
+        0,
+        "Weight-sync control port of the first trained model (in the order of `models`, a model with adapters "
+        "counting once per adapter), +1 for the next, ... "
+        "0: `drmas run` picks free ports (so runs on one machine never collide); processes started by hand need "
+        "real ones (e.g. 5610), the same in every process's config.",
     )
     learner_ports: dict[str, int] = _f(dict, "Model id (<model>/<adapter> for an adapter's learner) -> weight-sync "
                                        "control port, overriding learner_base_port.")

@@ -18,6 +18,10 @@ naming the rank that failed and why (`drmas.learner.ranks.group`); resume contin
 When the learner reaches `trainer.steps` it tells the buffer it finished, so admission stops waiting for
 it: a peer learner that restarted behind it still gets groups.
 
+A stop signal (SIGTERM from a launcher, Ctrl-C by hand) ends the loop at the next safe point: while it waits
+for a batch, or during an update before the update's first optimizer step (the batch is abandoned, its
+groups untrained), never after a whole extra update; then the learner saves its version and exits 0.
+
 Everything this learner writes (metrics, TensorBoard, checkpoints) lives in `<output_dir>/learner-<model>/`,
 so learners of different models never share a file and a restarted learner resumes from its own state.
 """
@@ -37,7 +41,7 @@ from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.core.lineage import Lineage
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
-from drmas.learner.policy import PolicyTrainer
+from drmas.learner.policy import PolicyTrainer, UpdateStopped
 from drmas.learner.ranks.group import BatchFanout, failure_reports, learner_ranks
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.sample_limits import SampleLimits
@@ -148,7 +152,9 @@ class LearnerWorker:
         if cfg.trainer.resume:
             self._resume()
         (self.out / "config.yaml").write_text(to_yaml(cfg))
-        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard)
+        # a resumed learner logs the versions after its checkpoint again: never twice (see MetricsWriter)
+        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard,
+                               resumed_at=self.version if cfg.trainer.resume else None)
         self.sender.start()
         log.info("learner of %r (agents %s) at version %d on %s (%s); rollouts join %s (%s)", self.model_id,
                  self.agents, self.version, self.device, precision(self.trainer), self.sender.endpoint,
@@ -163,6 +169,11 @@ class LearnerWorker:
                     break
                 try:
                     scalars, hists = self._step(batch)
+                except UpdateStopped:
+                    log.info("stopped by %s during the update from version %d: the update is abandoned (its "
+                             "%d samples are not trained); saving version %d", self.stop.signal_name or "request",
+                             self.version, len(batch.samples), self.version)
+                    break
                 except UpdateFailed as exc:
                     failed_in_a_row += 1
                     self._drop_failed(batch, exc, failed_in_a_row)
@@ -213,8 +224,11 @@ class LearnerWorker:
             raise UpdateFailed(f"advantages: {exc!r}") from exc
         self.fanout.send(samples, adv)
         with self.sender.exclusive():
-            try:
-                scalars.update(self.trainer.update(samples, adv, version=self.version))
+            try:  # a stop signal abandons the update at its next safe point (one rank only, see `update`)
+                scalars.update(self.trainer.update(samples, adv, version=self.version, should_stop=self.stop.is_set))
+            except UpdateStopped:
+                self.stats.load_state_dict(stats_before)
+                raise
             except Exception as exc:  # before optimizer.step: the weights are unchanged
                 if self.trainer.ranks.size > 1:  # the other ranks are inside this update's collectives
                     raise self._ranks_failed("update", exc) from exc
@@ -302,9 +316,9 @@ class LearnerWorker:
         return path
 
     def _resume(self) -> bool:
+        log.info("%s", checkpoint.resume_line(self.out, unit="version"))
         ckpt = checkpoint.latest_checkpoint(self.out)
         if ckpt is None:
-            log.info("no checkpoint in %s: starting at version 0", self.out)
             return False
         state = checkpoint.load_run_state(ckpt)
         self.fanout.resume(self.trainer, ckpt, int(state["version"]))  # resharded onto our ranks
