@@ -98,6 +98,11 @@ def test_adapters_are_model_ids_of_their_own():
     from drmas.runtime.endpoints import learner_address
 
     assert [learner_address(cfg, m)[1] for m in IDS] == [5610, 5611]
+    # a full model beside the adapters of another: each keeps its own kind of learner and engine
+    mixed = load_config(LORA, ["models.full.builtin=tiny", "agents.solver.model=full", "pipeline.learner_base_port=5610"])
+    assert assembly.trained_models(mixed) == ["base/verifier", "full"]
+    assert assembly.engine_models(mixed) == ["base", "full"]
+    assert [learner_address(mixed, m)[1] for m in ("base/verifier", "full")] == [5611, 5612]
 
 
 # ---- training: only the adapter moves, each from its own agent's samples -----------------------------------
