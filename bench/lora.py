@@ -14,7 +14,7 @@ All ratios come from one run, both sides measured alternately on the same machin
     (forward and backward through the whole base either way; the adapter saves the base's gradients and AdamW
     state and the optimizer step over 135M parameters).
 (c) with --rss: peak RSS of a process holding what a 3-agent run holds (the engine and the trainers, one update
-    each, so gradients and AdamW state exist), three adapters on one base vs three full models (~8 GB).
+    each, so gradients and AdamW state exist), three adapters on one base vs three full models (~7 GB).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--rss", action="store_true", help="(c): peak RSS of 3 adapters vs 3 full models (~8 GB)")
+    parser.add_argument("--rss", action="store_true", help="(c): peak RSS of 3 adapters vs 3 full models (~7 GB)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of every process (1: on a shared, oversubscribed machine 2 threads "
                         "spin-wait on each other; a SmolLM2 forward took 6-10 s there instead of 0.5 s)")
