@@ -61,11 +61,14 @@ class ColocatedRun:
         self._build_models()
         seed = cfg.trainer.seed
         self.stop: StopFlag | None = None  # set while `run` runs: the signals' flag
+        failures = cfg.rollout.max_consecutive_episode_failures
         self.runner = EpisodeRunner(self.orchestra, self.engines, assembly.agent_specs(cfg),
-                                    cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds)
+                                    cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds,
+                                    max_consecutive_failures=failures)
         self.eval_runner = EpisodeRunner(self.orchestra, self.engines,
                                          assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
-                                         cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds)
+                                         cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds,
+                                         max_consecutive_failures=failures)
         # built and checked (data files, models, devices): only now is the directory claimed, so a refused run
         # leaves nothing that would refuse the corrected command (nor deleted the old run for trainer.overwrite)
         self.out = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
@@ -220,12 +223,17 @@ class ColocatedRun:
             for ei in range(cfg.rollout.group_size)
         ]
         results = self.runner.run(requests)
+        # a group with a dropped episode (a plugin failed) cannot be normalised: the step goes on without it
+        broken = {r.request.group_id for r in results if r.failure is not None}
+        results = [r for r in results if r.request.group_id not in broken]
         samples: list[Sample] = [s for r in results for s in r.samples]
         t_rollout = time.perf_counter() - t0
         adv = step_advantages(samples, cfg.algorithm, self.stats)
         scalars = agent_scalars(samples, adv)
         scalars.update(reward_stats_scalars(self.stats))
-        scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results]))
+        scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results])) if results else 0.0
+        scalars["rollout/episodes_failed"] = float(self.runner.failed)
+        scalars["rollout/groups_dropped"] = float(len(broken))
         committed = False  # once a model has taken its optimizer step, the step is finished, not abandoned
         for model_id, trainer in self.trainers.items():
             agents_of_model = set(assembly.trained_agents(cfg, model_id))

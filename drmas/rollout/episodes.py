@@ -23,11 +23,22 @@ while requests run, `hold(model)` (submit nothing new, let the running ones fini
 `release(model)` once the weights are in. A model here is what an agent names (`AgentSpec.model`): several
 models may share one engine (LoRA adapters of one base, `AgentSpec.engine`), and holding, interrupting or
 counting one of them touches only its own requests on that engine.
+
+A failing plugin costs only its episode: an exception from the orchestra's generator (or a turn it yields
+for an unknown agent or tool, or an outcome that cannot be trained on), from a scripted agent, or from a
+tool's `call_batch` drops the episode with one log line naming the plugin, the episode and the exception
+(`EpisodeFailure`), counts it (`failed`) and hands it to `on_failure`; the other episodes go on. A tool's
+batch that raises is retried one request at a time, so only the episodes whose own request raises are
+dropped. A systematic bug must not spin: `max_consecutive_failures` failures in a row without one episode
+ending well raise `EpisodeFailures`, naming the plugin and the exception, which ends the process (a rollout
+is restarted by its launcher within `pipeline.restarts`). Exceptions from the caller's callbacks and from
+the engines are not plugin failures: they end the stream as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import zlib
 from collections import defaultdict
@@ -38,6 +49,8 @@ from drmas.core.sample import Sample
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
 from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra, ToolCall
 from drmas.tasks.base import Problem
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,36 @@ class EpisodeResult:
     request: EpisodeRequest
     outcome: EpisodeOutcome
     samples: list[Sample] = field(default_factory=list)
+    failure: Optional["EpisodeFailure"] = None  # set (by `run`) when a plugin failed and the episode was dropped
+
+
+@dataclass(frozen=True)
+class EpisodeFailure:
+    """Why an episode was dropped: which plugin (`kind` orchestra, tool or scripted agent, and its `name`)
+    raised what, at which agent or tool (`at`, may be empty)."""
+
+    request: EpisodeRequest
+    kind: str
+    name: str
+    at: str
+    error: BaseException
+
+    def describe(self) -> str:
+        at = f" at {self.at}" if self.at else ""
+        return (f"{self.kind} {self.name!r}{at} failed in episode {self.request.episode_id}: "
+                f"{type(self.error).__name__}: {self.error}")
+
+
+class EpisodeFailures(RuntimeError):
+    """Every recent episode failed: a systematic bug in a plugin, not a bad input; the process stops."""
+
+
+class _Dropped(Exception):
+    """Raised inside the runner when a plugin failed for one episode; carries the `EpisodeFailure`."""
+
+    def __init__(self, failure: EpisodeFailure) -> None:
+        super().__init__(failure.describe())
+        self.failure = failure
 
 
 @dataclass
@@ -107,6 +150,7 @@ class EpisodeRunner:
         seed: int | None = None,
         on_round: Optional[Callable[[], None]] = None,
         barrier: bool = False,
+        max_consecutive_failures: int = 32,
     ) -> None:
         """With `seed`, every call is sampled from its own stream derived from (seed, episode id, turn):
         the same episode samples the same tokens whatever else shares its batch, and a resumed run
@@ -114,7 +158,10 @@ class EpisodeRunner:
 
         `on_round`, if given, is called before every engine step (never during one): the place to load new
         weights, under the rule in the module docstring. `barrier` makes every step wait for all submitted
-        turns before any episode goes on (rounds)."""
+        turns before any episode goes on (rounds). `max_consecutive_failures`: episodes failing in a row, none
+        ending well, after which the runner raises `EpisodeFailures` (`rollout.max_consecutive_episode_failures`)."""
+        if max_consecutive_failures < 1:
+            raise ValueError(f"max_consecutive_failures must be >= 1, got {max_consecutive_failures}")
         missing = [a for a in orchestra.agents if a not in agents]
         if missing:
             raise ValueError(f"the orchestra needs agents {missing} that are not configured")
@@ -129,6 +176,11 @@ class EpisodeRunner:
         self.seed = seed
         self.on_round = on_round
         self.barrier = barrier
+        self.max_consecutive_failures = max_consecutive_failures
+        self.failed = 0  # episodes dropped because a plugin failed, over the runner's life
+        self._consecutive_failures = 0
+        self._tracebacks_logged: set[tuple[str, str, str, str]] = set()
+        self._on_failure: Callable[[EpisodeFailure], None] = lambda _failure: None
         self._requests = {key: request_level(engine) for key, engine in engines.items()}
         self._engine_of = {spec.model: spec.engine_key for spec in agents.values() if spec.script is None}
         # models that share their engine with other models: their own requests are counted apart
@@ -139,8 +191,14 @@ class EpisodeRunner:
         self._running: dict[str, _Live] = {}  # engine request id -> episode
 
     def run(self, requests: Sequence[EpisodeRequest]) -> list[EpisodeResult]:
-        """Run every episode to its end; results come back in request order."""
+        """Run every episode to its end; results come back in request order. A dropped episode (a plugin
+        failed) comes back too, `failure` set, with no samples and an outcome of reward 0 and no turns."""
         results: dict[str, EpisodeResult] = {}
+
+        def failed(failure: EpisodeFailure) -> None:
+            results[failure.request.episode_id] = EpisodeResult(
+                failure.request, EpisodeOutcome(reward=0.0, turns=[]), failure=failure)
+
         queued: list[EpisodeRequest] | None = list(requests)
 
         def admit(_live: int) -> list[EpisodeRequest] | None:
@@ -148,23 +206,26 @@ class EpisodeRunner:
             batch, queued = queued, None
             return batch
 
-        self.stream(admit, lambda result: results.__setitem__(result.request.episode_id, result))
+        self.stream(admit, lambda result: results.__setitem__(result.request.episode_id, result), failed)
         return [results[req.episode_id] for req in requests]
 
     def stream(
         self,
         admit: Callable[[int], Optional[Sequence[EpisodeRequest]]],
         on_result: Callable[[EpisodeResult], None],
+        on_failure: Optional[Callable[[EpisodeFailure], None]] = None,
     ) -> None:
         """Run episodes as they are admitted until `admit` says there will be no more and all have ended.
 
         Before every engine step `admit(number of live episodes)` returns the episodes to start now
         (possibly none), or None once no more will come. When nothing is live, `admit` is called again at
         once, so it should wait a little itself rather than return an empty list immediately. Every finished
-        episode goes to `on_result` as soon as it ends. An exception from either callback (or `on_round`) ends
-        the stream; episodes still live are then abandoned (and their running requests aborted).
+        episode goes to `on_result` as soon as it ends, every dropped one (a plugin failed) to `on_failure`.
+        An exception from a callback (or `on_round`), or `EpisodeFailures`, ends the stream; episodes still
+        live are then abandoned (and their running requests aborted).
         """
         self._waiting, self._running, self._held = [], {}, set()
+        self._on_failure = on_failure or (lambda _failure: None)
         more = True
         try:
             while more or self._waiting or self._running:
@@ -172,8 +233,7 @@ class EpisodeRunner:
                     new = admit(self.live)
                     more = new is not None
                     for req in new or ():
-                        episode = self.orchestra.run(req.problem)
-                        self._advance(_Live(req, episode, turn=None), None, self._waiting, on_result)  # type: ignore[arg-type]
+                        self._start(req, on_result)
                 if not self.live:
                     continue
                 self._waiting = self._call_tools(self._waiting, on_result)
@@ -187,6 +247,47 @@ class EpisodeRunner:
                 if running:
                     engine.abort(running)
             self._running = {}
+
+    def _start(self, req: EpisodeRequest, on_result: Callable[[EpisodeResult], None]) -> None:
+        try:
+            episode = self.orchestra.run(req.problem)
+        except Exception as exc:
+            self._drop(EpisodeFailure(req, "orchestra", self._orchestra_name, "start", exc))
+            return
+        self._advance(_Live(req, episode, turn=None), None, self._waiting, on_result)  # type: ignore[arg-type]
+
+    @property
+    def _orchestra_name(self) -> str:
+        return str(getattr(self.orchestra, "name", "") or type(self.orchestra).__name__)
+
+    def _drop(self, failure: EpisodeFailure) -> None:
+        """Log, count and hand over a dropped episode; too many in a row without a success raise."""
+        self.failed += 1
+        self._consecutive_failures += 1
+        error = failure.error
+        key = (failure.kind, failure.name, type(error).__name__, str(error))
+        first = key not in self._tracebacks_logged  # the traceback once per distinct error, at debug after that
+        self._tracebacks_logged.add(key)
+        log.warning("episode dropped: %s", failure.describe(), exc_info=error if first else None)
+        if not first:
+            log.debug("traceback of the dropped episode %s", failure.request.episode_id, exc_info=error)
+        if self._consecutive_failures >= self.max_consecutive_failures:
+            raise EpisodeFailures(
+                f"{self._consecutive_failures} episodes in a row failed and none ended well "
+                f"(rollout.max_consecutive_episode_failures={self.max_consecutive_failures}); the last: "
+                f"{failure.describe()}") from error
+        self._on_failure(failure)
+
+    def _finished(self, item: _Live, outcome: object, on_result: Callable[[EpisodeResult], None]) -> None:
+        try:
+            if not isinstance(outcome, EpisodeOutcome):
+                raise TypeError(f"the episode returned {type(outcome).__name__}, not an EpisodeOutcome")
+            samples = self._samples(item, outcome)
+        except Exception as exc:
+            self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, "outcome", exc))
+            return
+        self._consecutive_failures = 0
+        on_result(EpisodeResult(item.request, outcome, samples))
 
     @property
     def live(self) -> int:
@@ -236,7 +337,13 @@ class EpisodeRunner:
                 still_waiting.append(item)
                 continue
             key = self._engine_key(item)
-            prompt = self._encode(self.engines[key], item.turn)
+            try:
+                prompt = self._encode(self.engines[key], item.turn)
+            except Exception as exc:  # messages the chat template cannot take: the orchestra's turn is malformed
+                self._close(item)
+                self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name,
+                                          f"agent {item.turn.agent!r}", exc))
+                continue
             item.submitted = item.request_id
             item.prompt_ids = prompt
             self._requests[key].submit(item.submitted, prompt, self._sampling(item))
@@ -274,12 +381,38 @@ class EpisodeRunner:
             if not by_tool:
                 return live
             for tool, items in by_tool.items():
-                results = self.tools[tool].call_batch([item.turn.request for item in items])
-                if len(results) != len(items):
-                    raise RuntimeError(f"tool {tool!r} returned {len(results)} results for {len(items)} requests")
-                for item, result in zip(items, results):
+                for item, result in self._tool_results(tool, items):
                     self._advance(item, result, ready, on_result)
             live = ready
+
+    def _tool_results(self, tool: str, items: list[_Live]) -> list[tuple[_Live, object]]:
+        """One batched call of `tool` for `items`. If it raises, each request is retried alone and only the
+        episodes whose own request raises are dropped; a wrong number of results drops the whole batch."""
+        try:
+            return self._call_tool(tool, items)
+        except _Dropped as dropped:
+            if len(items) == 1 or dropped.failure.at == "results":
+                for item in items:
+                    self._drop(dataclasses.replace(dropped.failure, request=item.request))
+                return []
+        answered = []
+        for item in items:
+            try:
+                answered += self._call_tool(tool, [item])
+            except _Dropped as dropped:
+                self._drop(dropped.failure)
+        return answered
+
+    def _call_tool(self, tool: str, items: list[_Live]) -> list[tuple[_Live, object]]:
+        where = items[0].request
+        try:
+            results = list(self.tools[tool].call_batch([item.turn.request for item in items]))
+        except Exception as exc:
+            raise _Dropped(EpisodeFailure(where, "tool", tool, "call_batch", exc)) from exc
+        if len(results) != len(items):
+            error = RuntimeError(f"tool {tool!r} returned {len(results)} results for {len(items)} requests")
+            raise _Dropped(EpisodeFailure(where, "tool", tool, "results", error))
+        return list(zip(items, results))
 
     def _sampling(self, item: _Live) -> SamplingParams:
         params = self.agents[item.turn.agent].sampling
@@ -303,30 +436,49 @@ class EpisodeRunner:
         while True:
             try:
                 item.turn = item.episode.send(response)  # type: ignore[attr-defined]
+                self._check_turn(item.turn)
             except StopIteration as stop:
-                outcome: EpisodeOutcome = stop.value
-                on_result(EpisodeResult(item.request, outcome, self._samples(item, outcome)))
+                self._finished(item, stop.value, on_result)
                 return
-            if isinstance(item.turn, ToolCall):
-                if item.turn.tool not in self.tools:
-                    raise ValueError(f"orchestra called tool {item.turn.tool!r} which it does not provide "
-                                     f"(its tools: {sorted(self.tools) or 'none'})")
-            elif item.turn.agent not in self.agents:
-                raise ValueError(f"orchestra asked for agent {item.turn.agent!r} which is not configured")
-            elif self.agents[item.turn.agent].script is not None:
-                response = self._scripted(item)
+            except Exception as exc:
+                at = f"agent {item.turn.agent!r}" if isinstance(item.turn, AgentTurn) else (
+                    f"tool {item.turn.tool!r}" if isinstance(item.turn, ToolCall) else "")
+                self._close(item)
+                self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, at, exc))
+                return
+            if isinstance(item.turn, AgentTurn) and self.agents[item.turn.agent].script is not None:
+                try:
+                    response = self._scripted(item)
+                except Exception as exc:
+                    self._close(item)
+                    self._drop(EpisodeFailure(item.request, "scripted agent", item.turn.agent, "", exc))
+                    return
                 continue
             live.append(item)
             return
 
+    def _check_turn(self, turn: object) -> None:
+        if isinstance(turn, ToolCall):
+            if turn.tool not in self.tools:
+                raise ValueError(f"orchestra called tool {turn.tool!r} which it does not provide "
+                                 f"(its tools: {sorted(self.tools) or 'none'})")
+        elif not isinstance(turn, AgentTurn):
+            raise TypeError(f"orchestra yielded {type(turn).__name__}, not an AgentTurn or a ToolCall")
+        elif turn.agent not in self.agents:
+            raise ValueError(f"orchestra asked for agent {turn.agent!r} which is not configured")
+
+    @staticmethod
+    def _close(item: _Live) -> None:
+        """Close a dropped episode's generator (its `finally` blocks run); an error there changes nothing."""
+        try:
+            item.episode.close()  # type: ignore[attr-defined]
+        except Exception:
+            pass
+
     def _scripted(self, item: _Live) -> str:
         """The reply of a scripted agent to the turn `item` waits for, recorded as a call without a sample."""
         turn: AgentTurn = item.turn  # type: ignore[assignment]
-        try:
-            text = self.agents[turn.agent].script(turn)  # type: ignore[misc]
-        except Exception as exc:
-            raise RuntimeError(f"scripted agent {turn.agent!r} failed in episode {item.request.episode_id}: "
-                               f"{type(exc).__name__}: {exc}") from exc
+        text = self.agents[turn.agent].script(turn)  # type: ignore[misc]
         if not isinstance(text, str):
             raise TypeError(f"scripted agent {turn.agent!r} returned {type(text).__name__}, not the reply text")
         item.calls.append(_Call(turn.agent, "", [], None))

@@ -43,7 +43,7 @@ import torch
 from drmas import assembly
 from drmas.buffer import BufferProducer
 from drmas.config.schema import DrmasConfig
-from drmas.rollout.episodes import EpisodeRequest, EpisodeResult, EpisodeRunner
+from drmas.rollout.episodes import EpisodeFailure, EpisodeRequest, EpisodeResult, EpisodeRunner
 from drmas.runtime.endpoints import learner_endpoint
 from drmas.runtime.metrics import MetricsWriter
 from drmas.runtime.netsec import client_keys
@@ -117,7 +117,8 @@ class RolloutWorker:
         # not inherit (and keep alive with its heartbeats) what its dead predecessor held
         self.producer = BufferProducer.from_config(cfg.pipeline.buffer, f"{self.name}-{self.incarnation}")
         self.runner = EpisodeRunner(assembly.build_orchestra(cfg, task), self.engines, assembly.agent_specs(cfg),
-                                    cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds)
+                                    cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds,
+                                    max_consecutive_failures=cfg.rollout.max_consecutive_episode_failures)
         self.group_size = cfg.rollout.group_size
         self.target_groups = groups_in_flight(cfg, len(self.engines))
         self.open_groups: dict[str, _OpenGroup] = {}
@@ -141,7 +142,7 @@ class RolloutWorker:
         try:
             self._wait_for_weights()
             self.meter.reset()
-            self.runner.stream(self._admit, self._publish)
+            self.runner.stream(self._admit, self._publish, self._dropped)
         except _Stopped:
             pass
         finally:
@@ -270,6 +271,16 @@ class RolloutWorker:
         for rejection in self.producer.pop_rejections():
             self.rejected[rejection.reason] += 1
 
+    def _dropped(self, failure: EpisodeFailure) -> None:
+        """An episode a plugin failed (logged by the runner): its group cannot complete; the buffer drops it
+        after `pipeline.buffer.incomplete_timeout_s`, and its other episodes go on (they are sent as usual)."""
+        group_id = failure.request.group_id
+        group = self.open_groups[group_id]
+        group.remaining -= 1
+        if group.remaining == 0:
+            del self.open_groups[group_id]
+            self.abandoned.discard(group_id)
+
     def _abandoned(self, group_id: str, group: _OpenGroup) -> bool:
         """Whether `group_id` came from the grant of a buffer that has since restarted (then it is not sent)."""
         self._check_buffer_restart()
@@ -310,6 +321,7 @@ class RolloutWorker:
             **{f"rollout/rejected/{reason}": float(n) for reason, n in self.rejected.items()},
             "rollout/buffer_restarts": float(self.producer.buffer_restarts),
             "rollout/lost_episodes": float(self.producer.lost_episodes),
+            "rollout/episodes_failed": float(self.runner.failed),
         }
         for model, target in {**self.engines, **self.targets}.items():  # frozen models: their engine's (0)
             scalars[f"version/{model}"] = float(target.version)
