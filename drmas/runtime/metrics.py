@@ -28,7 +28,7 @@ class MetricsWriter:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         path = self.output_dir / "metrics.jsonl"
         if resumed_at is not None and path.exists():
-            _keep_records_up_to(path, resumed_at)
+            keep_records_up_to(path, resumed_at)
         self._jsonl = open(path, "a", buffering=1)
         self._tb = None
         if tensorboard:
@@ -60,8 +60,8 @@ class MetricsWriter:
             self._tb.close()
 
 
-def _keep_records_up_to(path: Path, step: int) -> None:
-    """Drop the records of metrics.jsonl after `step` (a torn last line, from a kill mid-write, goes too)."""
+def keep_records_up_to(path: Path, step: int) -> None:
+    """Drop the records of a JSONL of steps (metrics.jsonl, evals.jsonl) after `step` (a torn last line, from a kill mid-write, goes too)."""
     kept = []
     for line in path.read_text().splitlines():
         try:
