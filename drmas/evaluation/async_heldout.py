@@ -15,7 +15,7 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 from drmas import assembly
 from drmas.config.schema import DrmasConfig
@@ -54,9 +54,10 @@ def heldout_of_models(cfg: DrmasConfig, tag: str, model_dirs: Optional[dict[str,
         return heldout_accuracy(runner, problems, tag)
 
 
-def final_interval_eval(cfg: DrmasConfig, task: Task) -> Optional[dict]:
+def final_interval_eval(cfg: DrmasConfig, task: Task, say: Callable[[str], None] = lambda _: None) -> Optional[dict]:
     """eval.interval: evaluate the learners' final checkpoints into the run's eval/evals.jsonl (and TensorBoard)
-    at their version, as rollout 0 would have; None (nothing done) when that version is evaluated already."""
+    at their version, as rollout 0 would have; None (nothing done) when that version is evaluated already.
+    `say` gets one line when the evaluation starts (it takes minutes on a CPU)."""
     model_dirs = final_checkpoint_dirs(cfg)
     version = min(checkpoint_version(path) for path in model_dirs.values())
     evals = EvalLog(Path(cfg.trainer.output_dir) / ASYNC_EVAL_DIR, tensorboard=cfg.logging.tensorboard)
@@ -66,6 +67,7 @@ def final_interval_eval(cfg: DrmasConfig, task: Task) -> Optional[dict]:
         agents = eval_agent_specs(cfg)
         with _runner(cfg, task, model_dirs, agents) as runner:
             evaluation = RunningEvaluation(cfg, version, load_benchmarks(cfg, task), agents, runner.orchestra.agents)
+            say(f"evaluating version {version} from the final checkpoints (eval.interval; {evaluation.missing} episodes)")
             report = evaluate_now(runner, evaluation, max(1, CHUNK_BATCHES * cfg.rollout.max_batch_size // cfg.eval.k))
         # engines loaded from a checkpoint stamp their tokens version 0: the weights are those of `version`
         report["versions"] = {model_id: [version, version] for model_id in model_dirs}

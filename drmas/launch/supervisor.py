@@ -219,7 +219,7 @@ class Supervisor(ABC):
         from drmas.evaluation.async_heldout import final_interval_eval
         from drmas.evaluation.evals_log import summary_line
 
-        report = final_interval_eval(self.cfg, self.task)
+        report = final_interval_eval(self.cfg, self.task, lambda line: self._say("launcher", line))
         if report is not None:
             self._say("launcher", summary_line(report))
 
