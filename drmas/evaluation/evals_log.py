@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from drmas.evaluation.outputs import tensorboard_scalars
-from drmas.runtime.metrics import keep_records_up_to
+from drmas.runtime.metrics import StepRecords
 
 EVALS_FILE = "evals.jsonl"
 ASYNC_EVAL_DIR = "eval"  # under trainer.output_dir: the asynchronous pipeline's evaluations
@@ -31,8 +31,7 @@ class EvalLog:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / EVALS_FILE
-        if resumed_at is not None and self.path.exists():
-            keep_records_up_to(self.path, resumed_at)
+        self._records = StepRecords(self.path, resumed_at=resumed_at)
         self.done = _newest_version(self.path)
         self._tb = None
         if tensorboard:
@@ -42,8 +41,7 @@ class EvalLog:
             self._tb = SummaryWriter(log_dir=str(self.directory / "tensorboard"), purge_step=purge)
 
     def write(self, report: dict) -> None:
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(report) + "\n")
+        self._records.write(report)
         if self._tb is not None:
             for tag, value in tensorboard_scalars(report).items():
                 self._tb.add_scalar(tag, float(value), report["version"])
@@ -51,6 +49,7 @@ class EvalLog:
         self.done = report["version"]
 
     def close(self) -> None:
+        self._records.close()
         if self._tb is not None:
             self._tb.close()
 
