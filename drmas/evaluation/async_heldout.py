@@ -30,7 +30,8 @@ from drmas.tasks.base import Task
 
 
 def final_checkpoint_dirs(cfg: DrmasConfig) -> dict[str, Path]:
-    """Model id -> HF directory of its learner's newest checkpoint (`learner-<m>/checkpoints/step_<N>/<m>`)."""
+    """Model id -> HF directory (an adapter's: peft directory) of its learner's newest checkpoint
+    (`learner-<m>/checkpoints/step_<N>/<m>`)."""
     out = Path(cfg.trainer.output_dir)
     dirs = {}
     for model_id in assembly.trained_models(cfg):
@@ -78,18 +79,17 @@ def final_interval_eval(cfg: DrmasConfig, task: Task, say: Callable[[str], None]
 
 
 def checkpoint_version(model_dir: Path) -> int:
-    """The version of `<learner>/checkpoints/step_<N>/<model>`: N."""
-    return int(model_dir.parent.name.removeprefix("step_"))
+    """The version of `<learner>/checkpoints/step_<N>/<model>` (an adapter's: `.../step_<N>/<model>/<adapter>`): N."""
+    step = next(p.name for p in model_dir.parents if p.name.startswith("step_"))
+    return int(step.removeprefix("step_"))
 
 
 @contextmanager
 def _runner(cfg: DrmasConfig, task: Task, model_dirs: Optional[dict[str, Path]],
             agents: Mapping[str, AgentSpec]) -> Iterator[EpisodeRunner]:
-    """An episode runner on engines of every model, `model_dirs` replacing the configured weights of those
-    models (None: every model as configured); the engines are closed and their memory given back after."""
-    paths = {m: assembly.model_path(cfg, m) for m in cfg.models}
-    paths.update(model_dirs or {})
-    engines = {m: assembly.build_engine(cfg, m, path, cfg.trainer.seed) for m, path in paths.items()}
+    """An episode runner on engines of every model the agents use, `model_dirs` replacing the configured weights
+    of those models or adapters (None: every model as configured); the engines are closed and their memory given back after."""
+    engines = assembly.build_engines(cfg, cfg.trainer.seed, model_dirs)
     runner = EpisodeRunner(assembly.build_orchestra(cfg, task), engines, agents, cfg.algorithm.invalid_penalty,
                            seed=cfg.trainer.seed)
     try:
