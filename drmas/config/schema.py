@@ -32,6 +32,7 @@ DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # models.<id>.device
 NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 PIPELINE_MODES = ("colocated", "async")
+PRIME_SYSTEMS = ("math", "search", "code")  # models.<id>.tiny.prime_system (drmas/models/priming.py FORMATS)
 ADAPTER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # models.<id>.adapters keys (peft module keys, vLLM names)
 
 
@@ -61,8 +62,9 @@ class TinyModelConfig:
         0, "Train the random model this many steps on the agents' output formats with random numbers (not on "
         "answers), so its rewards vary and gradients flow in tests; 0 = pure random."
     )
-    prime_system: str = _f("math", "Whose output formats priming teaches: 'math' (boxed answers, approve/reject) "
-                           "or 'search' (yes/no routing, <search> queries, <answer> tags).")
+    prime_system: str = _f("math", "Whose output formats priming teaches: 'math' (boxed answers, approve/reject), "
+                           "'search' (yes/no routing, <search> queries, <answer> tags) or 'code' (a Python function "
+                           "in a ```python block, assert statements: examples/code_review).")
 
 
 @dataclass
