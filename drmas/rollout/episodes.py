@@ -59,11 +59,14 @@ class AgentSpec:
 
 @dataclass
 class EpisodeRequest:
-    """One episode to run: which problem, which GRPO group it belongs to, its unique id."""
+    """One episode to run: which problem, which GRPO group it belongs to, its unique id. `agents` replaces
+    the runner's agent specs for this episode only (same models, other sampling): an evaluation's episodes
+    run in the same stream as training episodes (`drmas.evaluation.interval`)."""
 
     episode_id: str
     group_id: str
     problem: Problem
+    agents: Optional[Mapping[str, AgentSpec]] = None
 
 
 @dataclass
@@ -227,6 +230,9 @@ class EpisodeRunner:
     def _engine_key(self, item: _Live) -> str:
         return self.agents[item.turn.agent].engine_key
 
+    def _specs(self, item: _Live) -> Mapping[str, AgentSpec]:
+        return item.request.agents or self.agents
+
     def _submit_waiting(self) -> None:
         """Submit every waiting agent turn whose engine is not held."""
         still_waiting = []
@@ -282,7 +288,7 @@ class EpisodeRunner:
             live = ready
 
     def _sampling(self, item: _Live) -> SamplingParams:
-        params = self.agents[item.turn.agent].sampling
+        params = self._specs(item)[item.turn.agent].sampling
         if self.seed is None:
             return params
         key = f"{self.seed}:{item.request.episode_id}:{len(item.calls)}".encode()
@@ -313,7 +319,7 @@ class EpisodeRunner:
                                      f"(its tools: {sorted(self.tools) or 'none'})")
             elif item.turn.agent not in self.agents:
                 raise ValueError(f"orchestra asked for agent {item.turn.agent!r} which is not configured")
-            elif self.agents[item.turn.agent].script is not None:
+            elif self._specs(item)[item.turn.agent].script is not None:
                 response = self._scripted(item)
                 continue
             live.append(item)
@@ -323,7 +329,7 @@ class EpisodeRunner:
         """The reply of a scripted agent to the turn `item` waits for, recorded as a call without a sample."""
         turn: AgentTurn = item.turn  # type: ignore[assignment]
         try:
-            text = self.agents[turn.agent].script(turn)  # type: ignore[misc]
+            text = self._specs(item)[turn.agent].script(turn)  # type: ignore[misc]
         except Exception as exc:
             raise RuntimeError(f"scripted agent {turn.agent!r} failed in episode {item.request.episode_id}: "
                                f"{type(exc).__name__}: {exc}") from exc
@@ -356,7 +362,7 @@ class EpisodeRunner:
                     behaviour_logprobs=call.generation.logprobs,
                     policy_version=call.generation.version,
                     policy_incarnation=call.generation.incarnation,
-                    temperature=self.agents[call.agent].sampling.temperature,
+                    temperature=self._specs(item)[call.agent].sampling.temperature,
                     valid=turn.valid,
                     reward=reward,
                     episode_reward=outcome.reward,
