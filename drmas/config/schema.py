@@ -234,6 +234,14 @@ class EvalConfig:
     benchmarks: dict[str, str] = _f(
         dict, "`drmas eval`: benchmark name -> problems file in the task's format (empty: the task's held-out split)."
     )
+    interval: int = _f(
+        0,
+        "Evaluate the trained models every N versions during training (0: off): avg@k / pass@k of every "
+        "benchmark and the per-agent statistics, with the `drmas eval` settings (k, k_temperature, k_top_p, "
+        "benchmarks, max_questions; each evaluation runs questions x k episodes), to TensorBoard as eval/... at "
+        "the version measured and to evals.jsonl. Colocated: between steps; async: rollout 0 runs them beside "
+        "its training groups (see docs/outputs.md).",
+    )
     resume: bool = _f(
         False,
         "`drmas eval`: continue the evaluation of the same checkpoint and settings (its directory under "

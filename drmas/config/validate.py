@@ -244,3 +244,5 @@ def _check_retrieval(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append(f"eval.k_top_p: must be in (0, 1], got {e.k_top_p}")
     if e.k_temperature < 0:
         errors.append(f"eval.k_temperature: must be >= 0, got {e.k_temperature}")
+    if e.interval < 0:
+        errors.append(f"eval.interval: must be >= 0 (0: no evaluation during training), got {e.interval}")

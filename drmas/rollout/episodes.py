@@ -72,11 +72,14 @@ class AgentSpec:
 
 @dataclass
 class EpisodeRequest:
-    """One episode to run: which problem, which GRPO group it belongs to, its unique id."""
+    """One episode to run: which problem, which GRPO group it belongs to, its unique id. `agents` replaces
+    the runner's agent specs for this episode only (same models, other sampling): an evaluation's episodes
+    run in the same stream as training episodes (`drmas.evaluation.interval`)."""
 
     episode_id: str
     group_id: str
     problem: Problem
+    agents: Optional[Mapping[str, AgentSpec]] = None
 
 
 @dataclass
@@ -102,6 +105,10 @@ class EpisodeFailure:
         at = f" at {self.at}" if self.at else ""
         return (f"{self.kind} {self.name!r}{at} failed in episode {self.request.episode_id}: "
                 f"{type(self.error).__name__}: {self.error}")
+
+    def result(self) -> EpisodeResult:
+        """The dropped episode as a result: no samples, reward 0, no turns (an evaluation counts it wrong)."""
+        return EpisodeResult(self.request, EpisodeOutcome(reward=0.0, turns=[]), failure=self)
 
 
 class EpisodeFailures(RuntimeError):
@@ -196,8 +203,7 @@ class EpisodeRunner:
         results: dict[str, EpisodeResult] = {}
 
         def failed(failure: EpisodeFailure) -> None:
-            results[failure.request.episode_id] = EpisodeResult(
-                failure.request, EpisodeOutcome(reward=0.0, turns=[]), failure=failure)
+            results[failure.request.episode_id] = failure.result()
 
         queued: list[EpisodeRequest] | None = list(requests)
 
@@ -328,6 +334,9 @@ class EpisodeRunner:
     def _engine_key(self, item: _Live) -> str:
         return self.agents[item.turn.agent].engine_key
 
+    def _specs(self, item: _Live) -> Mapping[str, AgentSpec]:
+        return item.request.agents or self.agents
+
     def _submit_waiting(self) -> None:
         """Submit every waiting agent turn whose engine is not held."""
         still_waiting = []
@@ -415,7 +424,7 @@ class EpisodeRunner:
         return list(zip(items, results))
 
     def _sampling(self, item: _Live) -> SamplingParams:
-        params = self.agents[item.turn.agent].sampling
+        params = self._specs(item)[item.turn.agent].sampling
         if self.seed is None:
             return params
         key = f"{self.seed}:{item.request.episode_id}:{len(item.calls)}".encode()
@@ -446,7 +455,7 @@ class EpisodeRunner:
                 self._close(item)
                 self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, at, exc))
                 return
-            if isinstance(item.turn, AgentTurn) and self.agents[item.turn.agent].script is not None:
+            if isinstance(item.turn, AgentTurn) and self._specs(item)[item.turn.agent].script is not None:
                 try:
                     response = self._scripted(item)
                 except Exception as exc:
@@ -478,7 +487,7 @@ class EpisodeRunner:
     def _scripted(self, item: _Live) -> str:
         """The reply of a scripted agent to the turn `item` waits for, recorded as a call without a sample."""
         turn: AgentTurn = item.turn  # type: ignore[assignment]
-        text = self.agents[turn.agent].script(turn)  # type: ignore[misc]
+        text = self._specs(item)[turn.agent].script(turn)  # type: ignore[misc]
         if not isinstance(text, str):
             raise TypeError(f"scripted agent {turn.agent!r} returned {type(text).__name__}, not the reply text")
         item.calls.append(_Call(turn.agent, "", [], None))
@@ -508,7 +517,7 @@ class EpisodeRunner:
                     behaviour_logprobs=call.generation.logprobs,
                     policy_version=call.generation.version,
                     policy_incarnation=call.generation.incarnation,
-                    temperature=self.agents[call.agent].sampling.temperature,
+                    temperature=self._specs(item)[call.agent].sampling.temperature,
                     valid=turn.valid,
                     reward=reward,
                     episode_reward=outcome.reward,
