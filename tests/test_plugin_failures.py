@@ -157,3 +157,26 @@ def test_a_plugin_failing_every_episode_stops_the_run_naming_itself(flaky_config
                                               r"\(rollout.max_consecutive_episode_failures=3\); the last: scripted "
                                               "agent 'referee' failed in episode s0-g.-e.: KeyError: .no rule for"):
         _train(cfg)
+
+
+@pytest.mark.timeout(300)
+def test_a_failing_plugin_costs_its_episodes_in_the_async_pipeline(flaky_config, tmp_path):
+    """`drmas run` with pipeline.mode=async: the rollout process drops the episodes of the question its
+    orchestra fails on (logged in its process.log, counted in its metrics) and keeps generating; the learner
+    trains its steps on the other groups."""
+    from cli_run import run_cli
+    from test_launcher import ASYNC
+
+    _, q = _config(flaky_config, tmp_path)
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(flaky_config), f"trainer.output_dir={out}",
+               "eval.n_problems=0", "system.name=flaky", "trainer.steps=2", "rollout.max_new_tokens=8",
+               f"system.orchestra_fails_on={q['q0']}", *ASYNC]
+    done = run_cli(command, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(out / "learner-policy" / "metrics.jsonl")] == [1, 2]
+    rollout = read_metrics(out / "rollout-0" / "metrics.jsonl")
+    assert rollout[-1]["rollout/episodes_failed"] >= 4  # draw 0's group (and its draws again, if any)
+    log = (out / "rollout-0" / "process.log").read_text()
+    assert "episode dropped: orchestra 'FlakyOrchestra' at agent 'proposer' failed in episode" in log
+    assert f"ValueError: cannot orchestrate {q['q0']!r}" in log
