@@ -271,3 +271,42 @@ def test_a_failing_scripted_agent_is_named():
              "ref": AgentSpec("", None, script=broken)}
     (result,) = EpisodeRunner(WithReferee(), {"m": ScriptedEngine()}, specs, invalid_penalty=0.1).run(_requests(1))
     assert result.failure.describe() == "scripted agent 'ref' failed in episode e0: KeyError: 'board'"
+
+
+# --- a failing plugin costs its episode ---------------------------------------------------------------------------
+
+
+class FailsOn(TwoTurns):
+    """One turn of agent a; episodes of the given problem uids raise instead of ending after it."""
+
+    def __init__(self, *uids: str) -> None:
+        super().__init__(turns=1)
+        self.uids = uids
+
+    def run(self, problem):
+        if problem.uid in self.uids:
+            yield AgentTurn("a", [{"role": "user", "content": problem.question}])
+            raise ZeroDivisionError(f"bad {problem.uid}")
+        return (yield from super().run(problem))
+
+
+def _failing_runner(*uids: str, limit: int = 2) -> EpisodeRunner:
+    specs = {a: AgentSpec("m", SamplingParams()) for a in ("a", "b")}
+    return EpisodeRunner(FailsOn(*uids), {"m": ScriptedEngine()}, specs, invalid_penalty=0.1, max_consecutive_failures=limit)
+
+
+def test_failures_between_successes_are_dropped_and_counted_and_never_stop_the_runner():
+    runner = _failing_runner("p0", "p2", "p4")  # fail, succeed, fail, succeed, fail: never 2 in a row
+    results = runner.run(_requests(5))
+    assert runner.failed == 3
+    assert [r.failure is None for r in results] == [False, True, False, True, False]
+    assert [len(r.samples) for r in results] == [0, 1, 0, 1, 0]
+    assert results[2].failure.describe() == "orchestra 'FailsOn' at agent 'a' failed in episode e2: ZeroDivisionError: bad p2"
+
+
+def test_failures_in_a_row_stop_the_runner_naming_the_plugin():
+    from drmas.rollout.failures import EpisodeFailures
+
+    with pytest.raises(EpisodeFailures, match="2 episodes in a row failed .* orchestra 'FailsOn' at agent 'a' "
+                                              "failed in episode e1: ZeroDivisionError: bad p1"):
+        _failing_runner("p0", "p1").run(_requests(3))

@@ -29,16 +29,13 @@ for an unknown agent or tool, or an outcome that cannot be trained on), from a s
 tool's `call_batch` drops the episode with one log line naming the plugin, the episode and the exception
 (`EpisodeFailure`), counts it (`failed`) and hands it to `on_failure`; the other episodes go on. A tool's
 batch that raises is retried one request at a time, so only the episodes whose own request raises are
-dropped. A systematic bug must not spin: `max_consecutive_failures` failures in a row without one episode
-ending well raise `EpisodeFailures`, naming the plugin and the exception, which ends the process (a rollout
-is restarted by its launcher within `pipeline.restarts`). Exceptions from the caller's callbacks and from
-the engines are not plugin failures: they end the stream as before.
+dropped. `max_consecutive_failures` in a row raise `EpisodeFailures` (`drmas.rollout.failures`). Exceptions
+from the caller's callbacks and from the engines are not plugin failures: they end the stream as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import zlib
 from collections import defaultdict
@@ -48,9 +45,8 @@ from typing import Callable, Mapping, Optional, Sequence
 from drmas.core.sample import Sample
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
 from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra, ToolCall
+from drmas.rollout.failures import EpisodeFailure, FailureBook, Dropped
 from drmas.tasks.base import Problem
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,40 +83,12 @@ class EpisodeResult:
     request: EpisodeRequest
     outcome: EpisodeOutcome
     samples: list[Sample] = field(default_factory=list)
-    failure: Optional["EpisodeFailure"] = None  # set (by `run`) when a plugin failed and the episode was dropped
+    failure: Optional[EpisodeFailure] = None  # set (by `run`) when a plugin failed and the episode was dropped
 
-
-@dataclass(frozen=True)
-class EpisodeFailure:
-    """Why an episode was dropped: which plugin (`kind` orchestra, tool or scripted agent, and its `name`)
-    raised what, at which agent or tool (`at`, may be empty)."""
-
-    request: EpisodeRequest
-    kind: str
-    name: str
-    at: str
-    error: BaseException
-
-    def describe(self) -> str:
-        at = f" at {self.at}" if self.at else ""
-        return (f"{self.kind} {self.name!r}{at} failed in episode {self.request.episode_id}: "
-                f"{type(self.error).__name__}: {self.error}")
-
-    def result(self) -> EpisodeResult:
-        """The dropped episode as a result: no samples, reward 0, no turns (an evaluation counts it wrong)."""
-        return EpisodeResult(self.request, EpisodeOutcome(reward=0.0, turns=[]), failure=self)
-
-
-class EpisodeFailures(RuntimeError):
-    """Every recent episode failed: a systematic bug in a plugin, not a bad input; the process stops."""
-
-
-class _Dropped(Exception):
-    """Raised inside the runner when a plugin failed for one episode; carries the `EpisodeFailure`."""
-
-    def __init__(self, failure: EpisodeFailure) -> None:
-        super().__init__(failure.describe())
-        self.failure = failure
+    @classmethod
+    def dropped(cls, failure: EpisodeFailure) -> EpisodeResult:
+        """A dropped episode as a result: no samples, reward 0, no turns (an evaluation counts it wrong)."""
+        return cls(failure.request, EpisodeOutcome(reward=0.0, turns=[]), failure=failure)
 
 
 @dataclass
@@ -167,8 +135,6 @@ class EpisodeRunner:
         weights, under the rule in the module docstring. `barrier` makes every step wait for all submitted
         turns before any episode goes on (rounds). `max_consecutive_failures`: episodes failing in a row, none
         ending well, after which the runner raises `EpisodeFailures` (`rollout.max_consecutive_episode_failures`)."""
-        if max_consecutive_failures < 1:
-            raise ValueError(f"max_consecutive_failures must be >= 1, got {max_consecutive_failures}")
         missing = [a for a in orchestra.agents if a not in agents]
         if missing:
             raise ValueError(f"the orchestra needs agents {missing} that are not configured")
@@ -183,10 +149,7 @@ class EpisodeRunner:
         self.seed = seed
         self.on_round = on_round
         self.barrier = barrier
-        self.max_consecutive_failures = max_consecutive_failures
-        self.failed = 0  # episodes dropped because a plugin failed, over the runner's life
-        self._consecutive_failures = 0
-        self._tracebacks_logged: set[tuple[str, str, str, str]] = set()
+        self.failures = FailureBook(max_consecutive_failures)
         self._on_failure: Callable[[EpisodeFailure], None] = lambda _failure: None
         self._requests = {key: request_level(engine) for key, engine in engines.items()}
         self._engine_of = {spec.model: spec.engine_key for spec in agents.values() if spec.script is None}
@@ -203,7 +166,7 @@ class EpisodeRunner:
         results: dict[str, EpisodeResult] = {}
 
         def failed(failure: EpisodeFailure) -> None:
-            results[failure.request.episode_id] = failure.result()
+            results[failure.request.episode_id] = EpisodeResult.dropped(failure)
 
         queued: list[EpisodeRequest] | None = list(requests)
 
@@ -267,21 +230,8 @@ class EpisodeRunner:
         return str(getattr(self.orchestra, "name", "") or type(self.orchestra).__name__)
 
     def _drop(self, failure: EpisodeFailure) -> None:
-        """Log, count and hand over a dropped episode; too many in a row without a success raise."""
-        self.failed += 1
-        self._consecutive_failures += 1
-        error = failure.error
-        key = (failure.kind, failure.name, type(error).__name__, str(error))
-        first = key not in self._tracebacks_logged  # the traceback once per distinct error, at debug after that
-        self._tracebacks_logged.add(key)
-        log.warning("episode dropped: %s", failure.describe(), exc_info=error if first else None)
-        if not first:
-            log.debug("traceback of the dropped episode %s", failure.request.episode_id, exc_info=error)
-        if self._consecutive_failures >= self.max_consecutive_failures:
-            raise EpisodeFailures(
-                f"{self._consecutive_failures} episodes in a row failed and none ended well "
-                f"(rollout.max_consecutive_episode_failures={self.max_consecutive_failures}); the last: "
-                f"{failure.describe()}") from error
+        """Log and count a dropped episode (too many in a row raise `EpisodeFailures`), then hand it over."""
+        self.failures.dropped(failure)
         self._on_failure(failure)
 
     def _finished(self, item: _Live, outcome: object, on_result: Callable[[EpisodeResult], None]) -> None:
@@ -292,8 +242,13 @@ class EpisodeRunner:
         except Exception as exc:
             self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, "outcome", exc))
             return
-        self._consecutive_failures = 0
+        self.failures.succeeded()
         on_result(EpisodeResult(item.request, outcome, samples))
+
+    @property
+    def failed(self) -> int:
+        """Episodes dropped because a plugin failed, over the runner's life."""
+        return self.failures.failed
 
     @property
     def live(self) -> int:
@@ -399,7 +354,7 @@ class EpisodeRunner:
         episodes whose own request raises are dropped; a wrong number of results drops the whole batch."""
         try:
             return self._call_tool(tool, items)
-        except _Dropped as dropped:
+        except Dropped as dropped:
             if len(items) == 1 or dropped.failure.at == "results":
                 for item in items:
                     self._drop(dataclasses.replace(dropped.failure, request=item.request))
@@ -408,7 +363,7 @@ class EpisodeRunner:
         for item in items:
             try:
                 answered += self._call_tool(tool, [item])
-            except _Dropped as dropped:
+            except Dropped as dropped:
                 self._drop(dropped.failure)
         return answered
 
@@ -417,10 +372,10 @@ class EpisodeRunner:
         try:
             results = list(self.tools[tool].call_batch([item.turn.request for item in items]))
         except Exception as exc:
-            raise _Dropped(EpisodeFailure(where, "tool", tool, "call_batch", exc)) from exc
+            raise Dropped(EpisodeFailure(where, "tool", tool, "call_batch", exc)) from exc
         if len(results) != len(items):
             error = RuntimeError(f"tool {tool!r} returned {len(results)} results for {len(items)} requests")
-            raise _Dropped(EpisodeFailure(where, "tool", tool, "results", error))
+            raise Dropped(EpisodeFailure(where, "tool", tool, "results", error))
         return list(zip(items, results))
 
     def _sampling(self, item: _Live) -> SamplingParams:

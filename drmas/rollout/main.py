@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     add_log_file(Path(cfg.trainer.output_dir) / f"rollout-{args.index}")
     stop = StopFlag()
     from drmas import assembly
-    from drmas.rollout.episodes import EpisodeFailures
+    from drmas.rollout.failures import EpisodeFailures
     from drmas.rollout.worker import RolloutWorker
     from drmas.runtime.endpoints import EndpointError, require_fixed
 

@@ -47,7 +47,8 @@ import torch
 from drmas import assembly
 from drmas.buffer import BufferProducer
 from drmas.config.schema import DrmasConfig
-from drmas.rollout.episodes import EpisodeFailure, EpisodeRequest, EpisodeResult, EpisodeRunner
+from drmas.rollout.episodes import EpisodeRequest, EpisodeResult, EpisodeRunner
+from drmas.rollout.failures import EpisodeFailure
 from drmas.rollout.evaluations import StreamEvaluations
 from drmas.runtime.endpoints import learner_endpoint
 from drmas.runtime.metrics import MetricsWriter
@@ -299,7 +300,7 @@ class RolloutWorker:
         A training episode's group cannot complete: its other episodes are sent as usual and the buffer drops
         the group after `pipeline.buffer.incomplete_timeout_s` (a group none of whose episodes arrive: its lease
         returns after `pipeline.buffer.lease_timeout_s`); either way its draw is drawn again."""
-        if self.evaluations is not None and self.evaluations.take(failure.result()):
+        if self.evaluations is not None and self.evaluations.take(EpisodeResult.dropped(failure)):
             return
         group_id = failure.request.group_id
         group = self.open_groups[group_id]

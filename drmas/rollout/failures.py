@@ -1,0 +1,82 @@
+"""What a failing plugin costs: its episode, not the process.
+
+Plugins (orchestras, tools, scripted agents, the rewards an orchestra returns) are user code running inside
+the long-running processes, so one that raises on one episode must not end a rollout (or the colocated run).
+The episode runner turns such an exception into an `EpisodeFailure` and drops that episode; the `FailureBook`
+here logs it once (the traceback only with the first occurrence of each distinct error, so a recurring bug
+does not flood the log), counts it, and tells a bug that fails every episode from a bad input: after
+`limit` failures in a row with no episode ending well it raises `EpisodeFailures`, naming the plugin and the
+exception, instead of letting the process spin without producing anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from drmas.rollout.episodes import EpisodeRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EpisodeFailure:
+    """Why an episode was dropped: which plugin (`kind` orchestra, tool or scripted agent, and its `name`)
+    raised what, at which agent or tool (`at`, may be empty)."""
+
+    request: EpisodeRequest
+    kind: str
+    name: str
+    at: str
+    error: BaseException
+
+    def describe(self) -> str:
+        at = f" at {self.at}" if self.at else ""
+        return (f"{self.kind} {self.name!r}{at} failed in episode {self.request.episode_id}: "
+                f"{type(self.error).__name__}: {self.error}")
+
+
+class EpisodeFailures(RuntimeError):
+    """Every recent episode failed: a systematic bug in a plugin, not a bad input; the process stops."""
+
+
+class Dropped(Exception):
+    """Raised inside the runner where a plugin failed for an episode; carries the `EpisodeFailure`."""
+
+    def __init__(self, failure: EpisodeFailure) -> None:
+        super().__init__(failure.describe())
+        self.failure = failure
+
+
+class FailureBook:
+    """Counts dropped episodes (`failed`, over its life) and the failures since the last success."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"max_consecutive_failures must be >= 1, got {limit}")
+        self.limit = limit
+        self.failed = 0
+        self.in_a_row = 0
+        self._seen: set[tuple[str, str, str, str]] = set()
+
+    def succeeded(self) -> None:
+        self.in_a_row = 0
+
+    def dropped(self, failure: EpisodeFailure) -> None:
+        """Log and count `failure`; raise `EpisodeFailures` once `limit` episodes in a row have failed."""
+        self.failed += 1
+        self.in_a_row += 1
+        error = failure.error
+        key = (failure.kind, failure.name, type(error).__name__, str(error))
+        first = key not in self._seen
+        self._seen.add(key)
+        log.warning("episode dropped: %s", failure.describe(), exc_info=error if first else None)
+        if not first:
+            log.debug("traceback of the dropped episode %s", failure.request.episode_id, exc_info=error)
+        if self.in_a_row >= self.limit:
+            raise EpisodeFailures(
+                f"{self.in_a_row} episodes in a row failed and none ended well "
+                f"(rollout.max_consecutive_episode_failures={self.limit}); the last: {failure.describe()}"
+            ) from error
