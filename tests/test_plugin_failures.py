@@ -32,6 +32,7 @@ from drmas.api import AGENT_ROLES, ORCHESTRAS, ScriptedRole, SystemSettings, Tea
 from toy_mas import ToyOrchestra, ToySettings
 
 TOOL_BATCHES = []  # every batch the calculator was called with (the test reads it)
+REFEREE_CALLS = [0]
 
 
 @dataclass
@@ -40,6 +41,7 @@ class FlakySettings(ToySettings):
     orchestra_fails_on: str = help_field("", "Question on which the orchestra raises.")
     tool_fails_on: str = help_field("", "Question whose calculator request raises.")
     referee_fails_on: str = help_field("", "Question on which the referee raises ('*': every one).")
+    referee_fails_first: int = help_field(0, "Calls of the referee (in this process) that raise, first ones.")
 
 
 class FlakyCalculator:
@@ -58,8 +60,9 @@ class FlakyReferee(ScriptedRole):
     role = "flaky_referee"
 
     def respond(self, turn):
-        correct, question, fails_on = turn.state
-        if fails_on in ("*", question):
+        correct, question, fails_on, fails_first = turn.state
+        REFEREE_CALLS[0] += 1
+        if fails_on in ("*", question) or REFEREE_CALLS[0] <= fails_first:
             raise KeyError(f"no rule for {question!r}")
         return "right" if correct else "wrong, try again"
 
@@ -80,7 +83,8 @@ class FlakyOrchestra(ToyOrchestra):
             if isinstance(request, ToolCall):
                 reply = yield ToolCall("calc", (problem.question, request.request))
             elif request.agent == self.names["referee"]:
-                state = (request.state, problem.question, self.settings.referee_fails_on)
+                state = (request.state, problem.question, self.settings.referee_fails_on,
+                         self.settings.referee_fails_first)
                 reply = yield type(request)(request.agent, request.messages, state=state)
             else:
                 reply = yield request
@@ -162,8 +166,9 @@ def test_a_plugin_failing_every_episode_stops_the_run_naming_itself(flaky_config
 @pytest.mark.timeout(300)
 def test_a_failing_plugin_costs_its_episodes_in_the_async_pipeline(flaky_config, tmp_path):
     """`drmas run` with pipeline.mode=async: the rollout process drops the episodes of the question its
-    orchestra fails on (logged in its process.log, counted in its metrics) and keeps generating; the learner
-    trains its steps on the other groups."""
+    orchestra fails on, and the one episode whose referee call is the process's first (its group's other
+    episodes may have been sent: the buffer drops that part), logged in its process.log and counted; it keeps
+    generating and the learner trains its steps on the other groups."""
     from cli_run import run_cli
     from test_launcher import ASYNC
 
@@ -171,12 +176,14 @@ def test_a_failing_plugin_costs_its_episodes_in_the_async_pipeline(flaky_config,
     out = tmp_path / "run"
     command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(flaky_config), f"trainer.output_dir={out}",
                "eval.n_problems=0", "system.name=flaky", "trainer.steps=2", "rollout.max_new_tokens=8",
-               f"system.orchestra_fails_on={q['q0']}", *ASYNC]
+               f"system.orchestra_fails_on={q['q0']}", "system.referee_fails_first=1", *ASYNC]
     done = run_cli(command, timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out / "learner-policy" / "metrics.jsonl")] == [1, 2]
     rollout = read_metrics(out / "rollout-0" / "metrics.jsonl")
-    assert rollout[-1]["rollout/episodes_failed"] >= 4  # draw 0's group (and its draws again, if any)
+    assert rollout[-1]["rollout/episodes_failed"] >= 5  # draw 0's group (and its draws again, if any), 1 more
+    assert rollout[-1]["rollout/groups_dropped"] >= 2
     log = (out / "rollout-0" / "process.log").read_text()
     assert "episode dropped: orchestra 'FlakyOrchestra' at agent 'proposer' failed in episode" in log
     assert f"ValueError: cannot orchestrate {q['q0']!r}" in log
+    assert log.count("episode dropped: scripted agent 'referee' failed in episode") == 1

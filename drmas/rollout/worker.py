@@ -132,8 +132,10 @@ class RolloutWorker:
         self.evaluations = (StreamEvaluations(cfg, task, orchestra.agents, self.target_groups)
                             if cfg.eval.interval and index == 0 else None)
         self.open_groups: dict[str, _OpenGroup] = {}
-        self.abandoned: set[str] = set()  # groups of a buffer that restarted: their episodes are not sent
+        # groups of a buffer that restarted, or with an episode a plugin failed: their episodes are not sent
+        self.abandoned: set[str] = set()
         self.abandoned_groups = 0
+        self.failed_groups = 0
         self._buffer_restarts = 0
         self._deferred: list[int] = []  # granted draws held back (see `_ahead_of_learners`)
         self._holding = False
@@ -297,13 +299,16 @@ class RolloutWorker:
 
     def _dropped(self, failure: EpisodeFailure) -> None:
         """An episode a plugin failed (logged and counted by the runner). An evaluation episode counts as wrong.
-        A training episode's group cannot complete: its other episodes are sent as usual and the buffer drops
-        the group after `pipeline.buffer.incomplete_timeout_s` (a group none of whose episodes arrive: its lease
-        returns after `pipeline.buffer.lease_timeout_s`); either way its draw is drawn again."""
+        A training episode's group can never complete: it is abandoned (its later episodes are not sent), and
+        the buffer drops what arrived of it after `pipeline.buffer.incomplete_timeout_s` (if nothing arrived,
+        its lease returns after `pipeline.buffer.lease_timeout_s`); either way its draw is drawn again."""
         if self.evaluations is not None and self.evaluations.take(EpisodeResult.dropped(failure)):
             return
         group_id = failure.request.group_id
         group = self.open_groups[group_id]
+        if group_id not in self.abandoned:
+            self.abandoned.add(group_id)
+            self.failed_groups += 1
         group.remaining -= 1
         if group.remaining == 0:
             del self.open_groups[group_id]
@@ -350,6 +355,7 @@ class RolloutWorker:
             "rollout/buffer_restarts": float(self.producer.buffer_restarts),
             "rollout/lost_episodes": float(self.producer.lost_episodes),
             "rollout/episodes_failed": float(self.runner.failed),
+            "rollout/groups_dropped": float(self.failed_groups),
             "rollout/samples_made": float(self.samples_made),
         }
         if self.evaluations is not None:
