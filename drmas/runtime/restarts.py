@@ -5,7 +5,8 @@ from its checkpoint, clients ride out a buffer restart), so a launcher restarts 
 stopping everything. Restarts are bounded per process (`max_restarts`), spaced by a doubling backoff (a
 process that dies at once does not spin), and never attempted for a process that refused its input (exit
 code 2: a config error or a bad path fails the same way every time). A learner that exits 0 has finished.
-Any launcher (local processes today, Ray actors later) applies the same policy.
+Every launcher (local processes, Ray actors) applies the same policy, and so does a rollout to the agent program
+it runs for the external system (`drmas.gateway.program`).
 """
 
 from __future__ import annotations
