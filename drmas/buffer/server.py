@@ -31,6 +31,7 @@ from drmas.buffer.credit import CreditGate
 from drmas.buffer.framing import AgentGroupView, EpisodeView, FrameLike, GroupBatchView, validated_samples
 from drmas.buffer.messages import (
     REJECT_UNEXPECTED,
+    AbandonGroup,
     Ack,
     Acks,
     AdmitReply,
@@ -46,6 +47,7 @@ from drmas.buffer.messages import (
 )
 from drmas.buffer.router import TICK_S, RouterServer
 from drmas.buffer.store import (
+    DROP_ABANDONED,
     DROP_REFUSED_EPISODE,
     GroupStore,
     QueuedGroup,
@@ -151,6 +153,8 @@ class TrajectoryBuffer(RouterServer):
             self._send(self._producers, identity, reply)
         elif isinstance(message, StatsRequest):
             self._send(self._producers, identity, self._snapshot(message.seq))
+        elif isinstance(message, AbandonGroup):
+            self._abandon_group(message.producer, message.group_id, DROP_ABANDONED)
         else:
             raise MessageError(REJECT_UNEXPECTED, f"{type(message).__name__} belongs on the learner endpoint")
 
@@ -161,7 +165,7 @@ class TrajectoryBuffer(RouterServer):
             opens_group = not self._store.is_pending(episode.group_id)
             ack_now = self._credit.check(identity, self._store.held_samples, len(samples), opens_group)
         except MessageError:
-            self._abandon_group(episode)
+            self._abandon_group(episode.producer, episode.group_id, DROP_REFUSED_EPISODE)
             raise
         rewards = [sample.reward for sample, _ in pairs] + list(episode.frozen_rewards)  # every call's reward
         completed = self._store.add_episode(
@@ -182,15 +186,16 @@ class TrajectoryBuffer(RouterServer):
         else:
             self._credit.park(identity, episode.seq, len(samples))
 
-    def _abandon_group(self, episode: EpisodeView) -> None:
-        """An episode was refused: its group can never complete, so drop what arrived of it (counted), refuse
-        the rest of it, and give its admission slot back now rather than after the incomplete timeout."""
-        known = self._store.is_pending(episode.group_id) or self._store.is_closed(episode.group_id)
-        group = self._store.abandon_group(episode.group_id, DROP_REFUSED_EPISODE)
+    def _abandon_group(self, producer: str, group_id: str, reason: str) -> None:
+        """A group can never complete (an episode of it was refused, or its producer gave it up): drop what
+        arrived of it (counted), refuse the rest of it, and give its admission slot back now rather than after
+        the incomplete timeout."""
+        known = self._store.is_pending(group_id) or self._store.is_closed(group_id)
+        group = self._store.abandon_group(group_id, reason)
         if group is not None:
             self._admission.on_abandoned(group.leased)
-        elif not known:  # the refused episode would have opened the group: return the unit leased for it
-            self._admission.on_abandoned(self._admission.claim(episode.producer))
+        elif not known:  # nothing of it arrived: return the unit leased for it
+            self._admission.on_abandoned(self._admission.claim(producer))
 
     def _stored(self, sample: Union[Sample, SampleHeader], frame: FrameLike) -> StoredSample:
         """Check a sample against the agent -> model map and keep its routing fields."""
