@@ -100,6 +100,12 @@ class ColocatedRun:
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self) -> dict:
+        try:
+            return self._run()
+        finally:
+            assembly.close_orchestra(self.orchestra)  # the external system's gateway and program stop here
+
+    def _run(self) -> dict:
         cfg = self.cfg
         (self.out / "config.yaml").write_text(to_yaml(cfg))
         resumed = cfg.trainer.resume and self.resume()
@@ -140,7 +146,8 @@ class ColocatedRun:
             for ei in range(cfg.rollout.group_size)
         ]
         results = self.runner.run(requests)
-        samples: list[Sample] = [s for r in results for s in r.samples]
+        dropped = {r.request.group_id for r in results if r.outcome.dropped}  # incomplete groups train nothing
+        samples: list[Sample] = [s for r in results if r.request.group_id not in dropped for s in r.samples]
         t_rollout = time.perf_counter() - t0
         adv = step_advantages(samples, cfg.algorithm, self.stats)
         scalars = agent_scalars(samples, adv)

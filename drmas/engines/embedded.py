@@ -255,12 +255,16 @@ class EmbeddedEngine:
 
     # -------------------------------------------------------------------------------------- generate
 
+    def check(self, prompt: list[int], params: SamplingParams) -> None:
+        """ValueError for a request this engine cannot honour (an empty or too long prompt, bad sampling)."""
+        check_request(prompt, params, self._max_positions, "model's positions")
+
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         """Sample one response per prompt; see the module docstring for how batches are formed."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         for prompt, p in zip(prompts, params):
-            check_request(prompt, p, self._max_positions, "model's positions")
+            self.check(prompt, p)
         results: list[Generation | None] = [None] * len(prompts)
         with self._lock, torch.inference_mode():
             todo = [i for i, p in enumerate(params) if p.max_new_tokens > 0]

@@ -44,12 +44,13 @@ def heldout_of_models(cfg: DrmasConfig, tag: str, model_dirs: Optional[dict[str,
     paths = {m: assembly.model_path(cfg, m) for m in cfg.models}
     paths.update(model_dirs or {})
     engines = {m: assembly.build_engine(cfg, m, path, cfg.trainer.seed) for m, path in paths.items()}
-    runner = EpisodeRunner(assembly.build_orchestra(cfg, task), engines,
-                           assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
+    orchestra = assembly.build_orchestra(cfg, task)
+    runner = EpisodeRunner(orchestra, engines, assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
                            cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed)
     try:
         return heldout_accuracy(runner, problems, tag)
     finally:
+        assembly.close_orchestra(orchestra)
         for engine in engines.values():
             if hasattr(engine, "close"):  # a vLLM engine holds its KV cache until shut down
                 engine.close()

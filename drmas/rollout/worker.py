@@ -14,7 +14,9 @@ One `EpisodeRunner.stream` runs for the life of the process. Before every engine
 
 A finished episode goes to the buffer at once with the samples of trained agents only (nothing else would
 ever leave the buffer) and the rewards of the other calls (frozen agents), which still count in the episode's
-trajectory score and its group's pooled rewards, as they do in the colocated loop. While the buffer withholds
+trajectory score and its group's pooled rewards, as they do in the colocated loop. An episode that was dropped
+(an external program never reported it) abandons its group: the buffer drops what arrived of it and returns its
+admission slot at once, and its other episodes are not sent. While the buffer withholds
 credit the loop keeps taking weight pushes (aborting running requests if it must), so a full buffer never
 stalls a learner's push.
 
@@ -92,11 +94,14 @@ class RolloutWorker:
         # the buffer keys leases and unfinished groups by producer: a restarted rollout of the same index must
         # not inherit (and keep alive with its heartbeats) what its dead predecessor held
         self.producer = BufferProducer.from_config(cfg.pipeline.buffer, f"{self.name}-{self.incarnation}")
-        self.runner = EpisodeRunner(assembly.build_orchestra(cfg, task), self.engines, assembly.agent_specs(cfg),
+        self.orchestra = assembly.build_orchestra(cfg, task)
+        self.runner = EpisodeRunner(self.orchestra, self.engines, assembly.agent_specs(cfg),
                                     cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds)
         self.group_size = cfg.rollout.group_size
         self.target_groups = cfg.pipeline.groups_in_flight or cfg.rollout.prompts_per_step
         self.open_groups: dict[str, int] = {}  # group id -> episodes not finished yet
+        self.abandoned: set[str] = set()  # open groups with a dropped episode: the rest of them is not sent
+        self.dropped_episodes = 0
         self.groups_started = 0
         self.rejected: Counter[str] = Counter()
         self._next_admission = 0.0
@@ -116,6 +121,7 @@ class RolloutWorker:
         except _Stopped:
             pass
         finally:
+            assembly.close_orchestra(self.orchestra)
             self._report()
             self.writer.close()
             for receiver in self.receivers.values():
@@ -180,6 +186,9 @@ class RolloutWorker:
         self.open_groups[group_id] -= 1
         if self.open_groups[group_id] == 0:
             del self.open_groups[group_id]
+        if result.outcome.dropped or group_id in self.abandoned:
+            self._abandon(result, group_id)
+            return
         self.meter.tokens += sum(len(s.response_ids) for s in result.samples)
         self.meter.episodes += 1
         samples = [s for s in result.samples if s.agent in self.trained_agents]
@@ -201,6 +210,18 @@ class RolloutWorker:
         self.producer.send_episode(group_id, self.group_size, result.request.episode_id, samples, frozen_rewards)
         for rejection in self.producer.pop_rejections():
             self.rejected[rejection.reason] += 1
+
+    def _abandon(self, result: EpisodeResult, group_id: str) -> None:
+        """A dropped episode: its group cannot complete. The buffer is told once; later episodes stay here."""
+        if result.outcome.dropped:
+            self.dropped_episodes += 1
+            log.warning("episode %s dropped: %s", result.request.episode_id, result.outcome.dropped)
+        if group_id not in self.abandoned:
+            self.producer.abandon_group(group_id)
+        if group_id in self.open_groups:
+            self.abandoned.add(group_id)
+        else:
+            self.abandoned.discard(group_id)
 
     def _poll_weights(self, can_wait: bool = False) -> None:
         """Load announced weights into idle engines. An engine with requests in progress is held until they
@@ -232,6 +253,8 @@ class RolloutWorker:
             **{f"rollout/rejected/{reason}": float(n) for reason, n in self.rejected.items()},
             "rollout/buffer_restarts": float(self.producer.buffer_restarts),
             "rollout/lost_episodes": float(self.producer.lost_episodes),
+            "rollout/dropped_episodes": float(self.dropped_episodes),
+            **(self.orchestra.metrics() if hasattr(self.orchestra, "metrics") else {}),
         }
         for model, engine in self.engines.items():
             scalars[f"version/{model}"] = float(engine.version)

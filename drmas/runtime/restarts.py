@@ -32,9 +32,10 @@ class Decision:
 class RestartBook:
     """Counts the restarts of every process and decides about the next one."""
 
-    def __init__(self, config: RestartConfig) -> None:
-        config.validate("pipeline.restarts")
-        self.config = config
+    def __init__(self, config: RestartConfig, where: str = "pipeline.restarts") -> None:
+        """`where`: the config section `config` was read from, named in the messages."""
+        config.validate(where)
+        self.config, self.where = config, where
         self.restarts: dict[str, int] = {}
 
     def after_exit(self, name: str, exit_code: Optional[int]) -> Decision:
@@ -45,7 +46,7 @@ class RestartBook:
                                        "the same way; see its message above")
         if done >= self.config.max_restarts:
             return Decision(False, why=f"{name} exited with code {exit_code} after {done} restarts "
-                                       f"(pipeline.restarts.max_restarts={self.config.max_restarts})")
+                                       f"({self.where}.max_restarts={self.config.max_restarts})")
         self.restarts[name] = done + 1
         delay = min(self.config.backoff_s * 2**done, self.config.max_backoff_s)
         return Decision(True, delay_s=delay, attempt=done + 1)
