@@ -11,9 +11,10 @@ each step's replies. So before a step `wait` returns only once the episodes answ
 last `batch_wait_s` have called again (or ended), or that window has passed: those calls share the step, as the
 turns of in-process episodes do, instead of trickling into steps of their own.
 
-An episode is dropped (its next event is `Dropped`) when it was claimed more than `episode_timeout_s` ago and has
-not ended, or when the program that claimed it exits (`drop_claimed`); its queued calls are refused, and later
-requests naming it get 410 with the reason.
+An episode is dropped (its next event is `Dropped`) when it has not ended `episode_timeout_s` after it was handed
+out (or, never handed out, after it was opened: a driver running a fixed set of episodes must not wait forever on
+a program that stopped asking), or when the program that claimed it exits (`drop_claimed`); its queued calls are
+refused, and later requests naming it get 410 with the reason.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ Event = Union[Call, End, Dropped]
 class _Episode:
     id: str
     problem: Problem
+    opened_at: float
     claimed_at: Optional[float] = None
     touched_at: float = 0.0  # when it was handed out or last answered: its program's next call is due
     events: deque = field(default_factory=deque)
@@ -115,7 +117,7 @@ class Inbox:
 
     def open(self, problem: Problem) -> str:
         """A new episode of `problem`, handed to the longest-waiting claim (or queued for the next one)."""
-        episode = _Episode(f"ep-{uuid.uuid4().hex}", problem)
+        episode = _Episode(f"ep-{uuid.uuid4().hex}", problem, self._clock())
         with self._cond:
             self._episodes[episode.id] = episode
             self._unclaimed.append(episode.id)
@@ -239,10 +241,14 @@ class Inbox:
     def _hand_out(self) -> None:
         """Match waiting claims with unclaimed episodes, oldest first (a claim given up on is skipped)."""
         while self._unclaimed and self._claimers:
+            episode = self._episodes.get(self._unclaimed[0])
+            if episode is None or episode.dropped:  # timed out before anyone asked
+                self._unclaimed.popleft()
+                continue
             future = self._claimers.popleft()
             if not future.set_running_or_notify_cancel():
                 continue
-            episode = self._episodes[self._unclaimed.popleft()]
+            self._unclaimed.popleft()
             episode.claimed_at = episode.touched_at = self._clock()
             future.set_result(Claim(episode.id, episode.problem))
 
@@ -254,10 +260,15 @@ class Inbox:
                 episode.touched_at = self._clock()
 
     def _overdue(self, episode: _Episode, now: float) -> bool:
-        return episode.claimed_at is not None and now - episode.claimed_at > self.episode_timeout_s
+        since = episode.claimed_at if episode.claimed_at is not None else episode.opened_at
+        return now - since > self.episode_timeout_s
 
     def _expire(self, episode: _Episode, now: float) -> None:
-        if not episode.dropped and self._overdue(episode, now):
+        if episode.dropped or not self._overdue(episode, now):
+            return
+        if episode.claimed_at is None:
+            self._drop(episode, f"no program asked for it within system.episode_timeout_s={self.episode_timeout_s:g} s")
+        else:
             self._drop(episode, f"it did not end within system.episode_timeout_s={self.episode_timeout_s:g} s of "
                                 "being handed out (no reward reported)")
 
