@@ -16,6 +16,7 @@ may too).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -42,6 +43,15 @@ def stream(runner: EpisodeRunner, requests: list[EpisodeRequest], in_flight: int
     start = time.perf_counter()
     runner.stream(admit, results.append)
     return time.perf_counter() - start, results
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a process so far (Linux /proc), 0 when unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, TypeError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -79,11 +89,18 @@ def main() -> None:
         for r in range(args.rounds):
             ran = {}
             for name, runner in (("in-process", inside), ("gateway", outside))[:: 1 if r % 2 == 0 else -1]:
+                program = getattr(runner.orchestra, "program", None)
+                cpu = cpu_seconds(program.pid if program else None)
                 seconds, results = stream(runner, requests(f"r{r}"), args.in_flight)
                 rates[name].append(len(results) / seconds)
                 ran[name] = {res.request.episode_id: res for res in results}
+                n_calls = sum(len(res.samples) for res in results)
+                extra = ""
+                if program:
+                    extra = f", the program's CPU {1000 * (cpu_seconds(program.pid) - cpu) / n_calls:.1f} ms per call"
                 print(f"round {r} {name:>10}: {len(results)} episodes in {seconds:6.2f} s = {rates[name][-1]:6.2f} "
-                      f"episodes/s ({sum(len(s.response_ids) for res in results for s in res.samples)} tokens)")
+                      f"episodes/s ({n_calls} calls, {sum(len(s.response_ids) for res in results for s in res.samples)}"
+                      f" tokens{extra})")
             for episode_id, a in ran["gateway"].items():
                 b = ran["in-process"][episode_id]
                 for s, t in zip(a.samples, b.samples):

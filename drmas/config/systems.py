@@ -77,8 +77,9 @@ class ExternalSettings(SystemSettings):
     name: str = SystemSettings.name_field("external")
     command: list[str] = _f(
         [], "The agent program, as an argument list (e.g. [python, agents.py]); started by every rollout (and by "
-        "evaluation) with OPENAI_BASE_URL, OPENAI_API_KEY, DRMAS_EPISODES_URL, DRMAS_AGENTS and "
-        "DRMAS_EPISODES_IN_FLIGHT in its environment. A first word `python` runs the Python drmas runs on.")
+        "evaluation) with OPENAI_BASE_URL, OPENAI_API_KEY and DRMAS_EPISODES_URL (and DRMAS_EPISODE_HEADER, "
+        "DRMAS_AGENTS, DRMAS_EPISODES_IN_FLIGHT) in its environment, restarted when it exits (docs/gateway.md). A "
+        "first word `python` runs the Python drmas runs on.")
     workdir: str = _f("", "Working directory of the program (relative: to drmas' working directory; empty: drmas').")
     env: dict[str, str] = _f(dict, "Environment variables set for the program, over drmas' own environment.")
     host: str = _f(
@@ -92,7 +93,7 @@ class ExternalSettings(SystemSettings):
         "max_new_tokens) and stop strings are taken from the request either way.")
     episode_timeout_s: float = _f(
         600.0, "An episode the program claimed and did not end (no reward reported) within this many seconds is "
-        "dropped, with its GRPO group, like any incomplete group.")
+        "dropped, with its GRPO group, like any incomplete group; so is one no program claimed in that time.")
     claim_wait_s: float = _f(
         20.0, "How long POST /drmas/v1/episodes waits for an episode to hand out (admission follows the staleness "
         "bound and the buffer) before answering 503 with Retry-After.")

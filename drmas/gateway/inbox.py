@@ -7,9 +7,10 @@ the engines) opens episodes (`open`), takes each one's next event (`next_events`
 
 `wait` is also what keeps a batching engine's steps full. The embedded engine generates, per step, what was
 submitted before it, and the calls of a program's episodes come back one by one, a few milliseconds apart, after
-each step's replies. So before a step `wait` returns only once the episodes answered (or handed out) within the
-last `batch_wait_s` have called again (or ended), or that window has passed: those calls share the step, as the
-turns of in-process episodes do, instead of trickling into steps of their own.
+each step's replies. So before a step `wait` returns only once the episodes answered (or opened: new ones replace
+those that ended) within the last `batch_wait_s` have called (or ended), or that window has passed: those calls
+share the step, as the turns of in-process episodes do, instead of trickling into steps of their own (or into
+two cohorts that take turns at the engine for good).
 
 An episode is dropped (its next event is `Dropped`) when it has not ended `episode_timeout_s` after it was handed
 out (or, never handed out, after it was opened: a driver running a fixed set of episodes must not wait forever on
@@ -81,7 +82,7 @@ class _Episode:
     problem: Problem
     opened_at: float
     claimed_at: Optional[float] = None
-    touched_at: float = 0.0  # when it was handed out or last answered: its program's next call is due
+    touched_at: float = 0.0  # when it was opened, handed out or last answered: a call (or a claim) is due
     events: deque = field(default_factory=deque)
     busy: bool = False  # the driver holds one of its events
     dropped: str = ""
@@ -117,7 +118,8 @@ class Inbox:
 
     def open(self, problem: Problem) -> str:
         """A new episode of `problem`, handed to the longest-waiting claim (or queued for the next one)."""
-        episode = _Episode(f"ep-{uuid.uuid4().hex}", problem, self._clock())
+        now = self._clock()
+        episode = _Episode(f"ep-{uuid.uuid4().hex}", problem, opened_at=now, touched_at=now)
         with self._cond:
             self._episodes[episode.id] = episode
             self._unclaimed.append(episode.id)
@@ -145,23 +147,21 @@ class Inbox:
         return out
 
     def wait(self, episode_ids: Sequence[str]) -> None:
-        """Sleep until an event of these episodes is there and those answered within `batch_wait_s` have called
-        again (see the module docstring), or for `SLICE_S` at most."""
+        """Sleep while any of these episodes is expected to call soon (see the module docstring); when none is,
+        return at once if one has an event, else after `SLICE_S` at most (the driver has other duties)."""
         deadline = self._clock() + SLICE_S
         with self._cond:
             while not self._closed:
                 now = self._clock()
                 episodes = [e for e in map(self._episodes.get, episode_ids) if e is not None]
-                ready = any((e.events and not e.busy) or e.dropped or self._overdue(e, now) for e in episodes)
-                due = [e.touched_at + self.batch_wait_s for e in episodes
-                       if e.claimed_at is not None and not (e.busy or e.events or e.dropped)]
-                gathered_at = max(due, default=now)
-                if ready and now >= gathered_at:
-                    return
-                until = min(deadline, gathered_at) if ready else deadline
-                if now >= until:
-                    return
-                self._cond.wait(until - now)
+                due = [e.touched_at + self.batch_wait_s for e in episodes if not (e.busy or e.events or e.dropped)]
+                gathered_at = max((t for t in due if t > now), default=None)
+                if gathered_at is None:
+                    if now >= deadline or any((e.events and not e.busy) or e.dropped or self._overdue(e, now)
+                                              for e in episodes):
+                        return
+                    gathered_at = deadline
+                self._cond.wait(gathered_at - now)
 
     def answer(self, episode_id: str, event: Union[Call, End], value: Any) -> None:
         """Answer the event the driver took; the episode's program may now call again."""

@@ -162,6 +162,13 @@ class EpisodeRunner:
         the stream; episodes still live are then abandoned (and their running requests aborted).
         """
         self._waiting, self._running, self._held = [], {}, set()
+        ended = 0
+
+        def finished(result: EpisodeResult) -> None:
+            nonlocal ended
+            ended += 1
+            on_result(result)
+
         more = True
         try:
             while more or self._waiting or self._running:
@@ -170,16 +177,19 @@ class EpisodeRunner:
                     more = new is not None
                     for req in new or ():
                         episode = self.orchestra.run(req.problem)
-                        self._advance(_Live(req, episode, turn=None), None, self._waiting, on_result)  # type: ignore[arg-type]
+                        self._advance(_Live(req, episode, turn=None), None, self._waiting, finished)  # type: ignore[arg-type]
                 if not self.live:
                     continue
                 if not self._running:  # engines idle: let outside answers gather before the next step
                     self._wait_outside()
-                self._waiting = self._call_tools(self._waiting, on_result)
-                self._submit_waiting(on_result)
+                before = ended
+                self._waiting = self._call_tools(self._waiting, finished)
+                if more and ended > before and not self._running:
+                    continue  # episodes ended on a tool's answer: start their successors in this step, not the next
+                self._submit_waiting(finished)
                 if self.on_round is not None:
                     self.on_round()
-                self._step_engines(on_result)
+                self._step_engines(finished)
         finally:
             for model, engine in self._requests.items():
                 running = [rid for rid, item in self._running.items() if self._model_of(item) == model]
