@@ -54,12 +54,13 @@ def make_prompts(tokenizer, batch: int) -> list[list[int]]:
     return prompts
 
 
-def hf_generate_fn(model, tokenizer, prompts: list[list[int]], args) -> Callable[[], int]:
-    """A closure running ``model.generate()`` on the left-padded batch; returns the tokens it generated."""
+def hf_generate_fn(model, tokenizer, prompts: list[list[int]], args, device=None) -> Callable[[], int]:
+    """A closure running ``model.generate()`` on the left-padded batch (on `device`, the model's); returns the
+    tokens it generated."""
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
 
     def run() -> int:
         with torch.inference_mode():

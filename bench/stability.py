@@ -29,7 +29,8 @@ workflow with SmolLM2-135M-Instruct as both models (two copies, two optimisers):
     python bench/stability.py --replot runs/stability [--png docs/stability.png]   # table + plot from the JSON
 
 Extra `key=value` arguments override the config of every run. Runs go to OUT/<mode>/seed<N>/ (metrics.jsonl,
-TensorBoard); the figures to OUT/stability.json and OUT/stability.md (also printed) and the plot.
+TensorBoard); the figures to OUT/stability.json and OUT/stability.md (also printed) and the plot (OUT/stability.png;
+needs matplotlib, the `bench` extra: without it the figures still come out, and one line says how to get it).
 """
 
 from __future__ import annotations
@@ -218,8 +219,8 @@ def write_outputs(result: dict, out: Path, png: Path | None) -> None:
     if png is not None:
         from stability_plot import plot
 
-        plot(result, png)
-        print(f"\nplot: {png}")
+        if plot(result, png):  # without matplotlib: one line on how to get it; the figures above stand
+            print(f"\nplot: {png}")
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ registries, before any process starts or any model is built.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Sequence
 
@@ -130,6 +131,17 @@ def _engine_problems(cfg: DrmasConfig) -> list[str]:
     return found
 
 
+def require_packages(cfg: DrmasConfig) -> None:
+    """ValueError naming the key when a component the config chooses needs a package this machine lacks (the
+    vLLM engine): asked where the components will run, before anything starts, rather than in
+    `check_components`, so a config for a GPU cluster can still be shown and checked on a laptop."""
+    engine = ENGINES.get(cfg.rollout.engine)
+    needs = getattr(engine, "needs", None)  # (module, how to install it)
+    if needs is not None and importlib.util.find_spec(needs[0]) is None:
+        raise ValueError(f"rollout.engine={cfg.rollout.engine}: the {needs[0]} package is not installed here: "
+                         f"{needs[1]}")
+
+
 def build_task(cfg: DrmasConfig) -> Task:
     return _build_task(cfg.task)
 
@@ -141,7 +153,8 @@ def build_orchestra(cfg: DrmasConfig, task: Task) -> Orchestra:
     factory = ORCHESTRAS.get(cfg.system.name)
     extra: dict = {}
     if getattr(factory, "needs_retriever", False):  # the search system: its retriever is built from `retrieval`
-        extra["retriever"] = build_retriever(cfg.retrieval, task)
+        extra["retriever"] = build_retriever(cfg.retrieval, task,
+                                             show_progress=process.progress_bars_on(cfg.logging.progress_bar))
         extra["topk"] = cfg.retrieval.topk
     if getattr(factory, "serves_agents", False):  # the external system: its gateway serves every agent by name
         extra["agents"] = {name: a.model for name, a in cfg.agents.items()}
@@ -180,10 +193,13 @@ def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str,
 
 
 def build_engine(cfg: DrmasConfig, model_id: str, path: Path, seed: int):
-    """The configured engine (`rollout.engine`, `rollout.engine_args`) serving `model_id` from `path`."""
+    """The configured engine (`rollout.engine`, `rollout.engine_args`) serving `model_id` from `path`, in the
+    model's compute dtype (the precision its learner computes in, see `drmas.models.devices`)."""
+    from drmas.models.loading import compute_dtype
+
     factory = ENGINES.lookup(cfg.rollout.engine, "rollout.engine")
     mcfg = cfg.models[model_id]
-    return factory(model_id, path, mcfg.dtype, cfg.rollout.max_batch_size, seed,
+    return factory(model_id, path, compute_dtype(mcfg), cfg.rollout.max_batch_size, seed,
                    engine_args=dict(cfg.rollout.engine_args), device=mcfg.device)
 
 

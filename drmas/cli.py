@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from drmas.config import ConfigError, iter_help, to_yaml
+from drmas.runtime.process import quiet_progress_bars
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_progress_bars()  # output to a file or a pipe: no bars (each update would be a line)
     if getattr(args, "func", None) is not None:  # sub-commands that own their arguments
         return args.func(args)
     try:
@@ -79,7 +81,15 @@ def _run(cfg) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"drmas: {exc}", file=sys.stderr)
         return 2
-    summary = run.run()
+    except KeyboardInterrupt:  # Ctrl-C while the models are built: nothing to save yet
+        print("drmas: interrupted before training started", file=sys.stderr)
+        return 130
+    try:
+        summary = run.run()  # a signal stops it cleanly (saved, exit 0); a second one lands here
+    except KeyboardInterrupt:
+        print(f"drmas: stopped at once by a second signal, at step {run.step}; the last complete checkpoint is "
+              f"{'none' if run.saved_step is None else f'step {run.saved_step}'}", file=sys.stderr)
+        return 130
     print_summary(summary, cfg)
     return 0
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from drmas.config import ConfigError, load_config
-from drmas.models.devices import resolve_device, training_autocast
+from drmas.models.devices import compute_autocast, resolve_device
 from drmas.weights.transport import resolve_backend
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
@@ -25,8 +25,13 @@ def test_auto_means_cpu_here_and_a_gpu_request_is_refused_naming_the_key():
     assert resolve_backend("auto", torch.device("cpu")) == "gloo"
     with pytest.raises(ValueError, match="nccl"):
         resolve_backend("nccl", torch.device("cpu"))
-    with training_autocast(torch.device("cpu")):  # nothing is autocast on CPU
+    cpu = torch.device("cpu")
+    with compute_autocast(cpu, torch.float32, torch.float32):  # the default contract: plain float32
         assert not torch.is_autocast_enabled("cpu")
+    with compute_autocast(cpu, torch.bfloat16, torch.bfloat16):  # bfloat16 weights compute as they are
+        assert not torch.is_autocast_enabled("cpu")
+    with compute_autocast(cpu, torch.float32, torch.bfloat16):  # float32 master weights, bfloat16 passes
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
 def test_a_malformed_device_is_refused_at_config_time():

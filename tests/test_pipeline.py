@@ -158,7 +158,9 @@ def test_strictly_on_policy_training_goes_on_through_bad_messages_and_samples_th
 
 def test_endpoints_follow_the_config_and_port_zero_is_refused_outside_the_launcher():
     cfg = load_config(SMOKE, ["models.judge={builtin: tiny}", "agents.verifier.model=judge",
-                              "pipeline.learner_base_port=7000", "pipeline.learner_hosts={judge: 10.0.0.2}"])
+                              "pipeline.learner_base_port=7000", "pipeline.learner_hosts={judge: 10.0.0.2}",
+                              "pipeline.buffer.producer_endpoint=tcp://127.0.0.1:5601",
+                              "pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:5602"])
     assert learner_address(cfg, "policy") == ("127.0.0.1", 7000)
     assert learner_endpoint(cfg, "judge") == "tcp://10.0.0.2:7001"
     require_fixed(cfg, buffer=True, learners=["policy", "judge"])

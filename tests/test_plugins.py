@@ -204,7 +204,8 @@ def test_drmas_eval_runs_a_plugin_system(tmp_path):
     out = tmp_path / "eval"
     assert main(["eval", "--config", str(TOY), "eval.k=1", "eval.max_questions=1", f"trainer.output_dir={out}",
                  "logging.tensorboard=false"]) == 0
-    report = json.loads((out / "eval.json").read_text())
+    (report_file,) = (out / "evals").glob("initial-k1-*/eval.json")
+    report = json.loads(report_file.read_text())
     assert set(report["behaviour"]["sums"]["agents"]) == {"proposer", "referee", "checker"}
 
 

@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag()
     from drmas.buffer.server import TrajectoryBuffer
     from drmas.config.derived import trained_agent_models
-    from drmas.runtime.endpoints import EndpointError, require_fixed
+    import zmq
+
+    from drmas.runtime.endpoints import EndpointError, listen_error, require_fixed
     from drmas.runtime.metrics import MetricsWriter
 
     agent_models = trained_agent_models(cfg)
@@ -61,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except (EndpointError, ValueError) as exc:
         print(f"drmas-buffer: {exc}", file=sys.stderr)
         return 2
+    except zmq.ZMQError as exc:  # a port in use: not the config's fault for good (a launcher may retry), so 1
+        print(f"drmas-buffer: {listen_error(cfg, exc, buffer=True)}", file=sys.stderr)
+        return 1
     add_log_file(Path(cfg.trainer.output_dir) / "buffer")
     writer = MetricsWriter(Path(cfg.trainer.output_dir) / "buffer", tensorboard=cfg.logging.tensorboard)
     buffer.start()

@@ -16,13 +16,15 @@ from drmas.config.fields import help_field as _f
 @dataclass
 class BufferConfig(Section):
     producer_endpoint: str = _f(
-        "tcp://127.0.0.1:5601",
-        "ZeroMQ endpoint where rollout processes push episodes and ask for admission (port 0 = any free "
-        "port). A non-loopback tcp address requires CURVE keys.",
+        "tcp://127.0.0.1:0",
+        "ZeroMQ endpoint where rollout processes push episodes and ask for admission. Port 0: `drmas run` picks "
+        "a free port (so runs on one machine never collide); processes started by hand need a real one (e.g. "
+        "tcp://127.0.0.1:5601), the same in every process. A non-loopback tcp address requires CURVE keys.",
     )
     consumer_endpoint: str = _f(
-        "tcp://127.0.0.1:5602",
-        "ZeroMQ endpoint where learners pull agent groups and report versions (port 0 = any free port).",
+        "tcp://127.0.0.1:0",
+        "ZeroMQ endpoint where learners pull agent groups and report versions. Port 0: `drmas run` picks a free "
+        "port; processes started by hand need a real one (e.g. tcp://127.0.0.1:5602).",
     )
     capacity_samples: int = _f(
         4096,

@@ -21,8 +21,9 @@ class RayConfig(Section):
         None, "Ray cluster of pipeline.launcher=ray: null = start a local Ray for this run (stopped at its end), "
         "'auto' = join the cluster `ray start` runs on this machine, or the head's address host:port.")
     num_cpus: int = _f(
-        0, "Logical CPUs of the local Ray started when address is null (0 = this machine's cores). Each process "
-        "takes cpus_per_process of them, so a small machine can still place every process (e.g. 8).")
+        0, "Logical CPUs of the local Ray started when address is null. Each process (buffer, learner rank, "
+        "rollout) reserves cpus_per_process of them; 0 = this machine's cores, raised to what the run's processes "
+        "reserve so every one can be placed. A number below that is refused before anything starts.")
     object_store_mb: int = _f(
         128, "Object store of the local Ray started when address is null, in MiB (drmas moves no data through "
         "it: samples go over ZeroMQ, weights over torch.distributed).")

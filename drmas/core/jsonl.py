@@ -14,13 +14,35 @@ from typing import Any, Iterator
 import msgspec
 
 
+def input_file(path: str | Path, what: str, error: type[Exception] = ValueError) -> Path:
+    """`path` as a file the user named to be read: FileNotFoundError when it is missing, `error` when it is a
+    directory or this process may not read it (a PermissionError traceback said neither which file nor which
+    setting; the caller adds the key, see `drmas.core.errors.naming_key`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise error(f"{what} {path} is a directory, not a file")
+    if not path.exists():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise error(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    return path
+
+
 def jsonl_records(path: Path, error: type[Exception] = ValueError) -> Iterator[tuple[str, int, dict[str, Any]]]:
     """`(where, line_number, record)` for each non-blank line of `path`, where = "path:LINE".
 
-    A line that is not valid JSON, or not a JSON object, raises `error("path:LINE: ...")`.
+    A line that is not valid JSON, or not a JSON object, raises `error("path:LINE: ...")`; so does a file that
+    cannot be read.
     """
     decoder = msgspec.json.Decoder()
-    with Path(path).open("rb") as handle:
+    try:
+        handle = Path(path).open("rb")
+    except OSError as exc:
+        raise error(f"{path} cannot be read: {exc.strerror or exc}") from None
+    with handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue

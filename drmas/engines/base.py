@@ -105,11 +105,6 @@ class PendingBatch:
         self._queued: list[tuple[str, list[int], SamplingParams]] = []
 
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
-        """Queue a request; one the engine cannot honour is refused here (ValueError), not in the batch's `step`,
-        where it would fail every request of the batch."""
-        check = getattr(self.engine, "check", None)
-        if check is not None:
-            check(prompt, params)
         self._queued.append((request_id, prompt, params))
 
     def step(self) -> list[tuple[str, Generation]]:

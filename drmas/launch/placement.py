@@ -1,4 +1,5 @@
-"""Endpoints and CURVE keys of a run whose processes are placed by a cluster (the Ray launcher), without Ray.
+"""Endpoints, CURVE keys and the CPUs of a run whose processes are placed by a cluster (the Ray launcher),
+without Ray.
 
 Where a process lands is known only once the cluster has placed it, so its endpoints are fixed afterwards:
 the buffer and every learner report their node's address and free ports chosen *on that node* (a port free
@@ -10,26 +11,28 @@ config names keys already) and every process gets it: a cluster node need not sh
 driver, so key files travel as text (`key_files`) and each host writes them next to its copy of the config
 (`localize`). So do the run's plugin files (`plugin_files`): a host that does not have one at the driver's
 path (no shared filesystem) imports the copy it was sent; a plugin module (a name, not a file) must be
-installed on every node.
+installed on every node. A local Ray the run starts for itself gets enough logical CPUs to place every
+process (`local_ray_cpus`).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 from urllib.parse import urlsplit
 
 import yaml
 
+from drmas.config.derived import trained_models
 from drmas.config.load import is_plugin_path
 from drmas.config.schema import DrmasConfig
-from drmas.runtime.endpoints import learner_address
+from drmas.runtime.endpoints import BUFFER_ENDPOINTS, learner_address
 from drmas.runtime.keys import KEY_FIELDS, generate_keys
 from drmas.runtime.netsec import is_local_endpoint, is_loopback_host
 
 LOOPBACK = "127.0.0.1"
-BUFFER_ENDPOINTS = ("producer_endpoint", "consumer_endpoint")
 
 
 def bind_host(mode: str, configured: str, node_ip: str, multi_node: bool) -> str:
@@ -66,6 +69,30 @@ def place_endpoints(cfg: DrmasConfig, buffer_ip: str, learner_ips: Mapping[str, 
         cfg.pipeline.learner_hosts[model] = bind_host(mode, host, ip, multi_node)
         cfg.pipeline.learner_ports[model] = port
     return cfg
+
+
+def processes_placed(cfg: DrmasConfig) -> int:
+    """Processes the run asks the cluster to place at the start: the buffer, every learner rank, every rollout."""
+    return 1 + sum(cfg.models[m].ranks for m in trained_models(cfg)) + cfg.pipeline.num_rollouts
+
+
+def local_ray_cpus(cfg: DrmasConfig, cores: int) -> int:
+    """Logical CPUs of the local Ray a run starts for itself (`pipeline.ray.address` null), enough to place
+    every process: `pipeline.ray.num_cpus`, or with 0 this machine's `cores` but at least what the processes
+    reserve (Ray's CPUs are a reservation count, not cores: five processes that each reserve one do run on two
+    cores; a local Ray of two would leave three of them waiting for room that never comes). ValueError naming
+    the key when a configured number cannot place the run."""
+    ray = cfg.pipeline.ray
+    asked = ray.cpus_per_process * processes_placed(cfg)
+    if ray.num_cpus == 0:
+        return max(cores, math.ceil(asked))
+    if ray.num_cpus < asked:
+        raise ValueError(
+            f"pipeline.ray.num_cpus={ray.num_cpus}: the run reserves {asked:g} CPUs on the local Ray "
+            f"(pipeline.ray.cpus_per_process={ray.cpus_per_process:g} x {processes_placed(cfg)} processes: the "
+            f"buffer, the learner ranks and pipeline.num_rollouts={cfg.pipeline.num_rollouts} rollouts); set it to "
+            f"at least {math.ceil(asked)}, or 0 to size it for the run")
+    return ray.num_cpus
 
 
 def exposed_endpoints(cfg: DrmasConfig, models) -> list[str]:

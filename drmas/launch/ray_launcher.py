@@ -49,7 +49,7 @@ from drmas import assembly
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.launch.elastic import NAMESPACE, RolloutControl, use_ray_token_if_present
-from drmas.launch.placement import add_run_keys, key_files, place_endpoints, plugin_files
+from drmas.launch.placement import add_run_keys, key_files, local_ray_cpus, place_endpoints, plugin_files
 from drmas.launch.ray_host import ProcessHost
 from drmas.launch.supervisor import LOST, Child, PlacementError, Supervisor
 
@@ -162,8 +162,8 @@ class RayLauncher(Supervisor):
         """Join (or start) the Ray cluster and register the run's control actor; ValueError when neither works."""
         rc = self.ray_cfg
         kwargs: dict[str, Any] = dict(namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
-        if rc.address is None:
-            kwargs.update(num_cpus=rc.num_cpus or None, include_dashboard=False,
+        if rc.address is None:  # a Ray of its own, sized to place every process (or refused at once)
+            kwargs.update(num_cpus=local_ray_cpus(self.cfg, os.cpu_count() or 1), include_dashboard=False,
                           object_store_memory=rc.object_store_mb * 1024 * 1024)
         if use_ray_token_if_present(rc.address):
             ray._raylet.Config.initialize("")  # Ray read the mode at import; this is how it re-reads it itself
@@ -178,7 +178,8 @@ class RayLauncher(Supervisor):
             raise ValueError(f"pipeline.ray.control_name={rc.control_name!r}: another drmas run on this cluster "
                              "uses that name; give this one another") from None
         self._say("launcher", f"Ray cluster at {ray.get_runtime_context().gcs_address} "
-                              f"({len(self._alive_nodes())} node(s)); control actor {rc.control_name!r}")
+                              f"({len(self._alive_nodes())} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs); "
+                              f"control actor {rc.control_name!r}")
 
     def _alive_nodes(self) -> list[dict]:
         return [n for n in ray.nodes() if n.get("Alive")]

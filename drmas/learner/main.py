@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag()
     from drmas import assembly
     from drmas.learner.worker import LearnerWorker
-    from drmas.runtime.endpoints import EndpointError, require_fixed
+    import zmq
+
+    from drmas.runtime.endpoints import EndpointError, listen_error, require_fixed
 
     trained = assembly.trained_models(cfg)
     if args.model not in trained:
@@ -37,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     except (EndpointError, FileNotFoundError, ValueError) as exc:
         print(f"drmas-learner: {exc}", file=sys.stderr)
         return 2
-    version = worker.run()
+    try:
+        version = worker.run()
+    except zmq.ZMQError as exc:  # its weight-sync port in use: one line, and a launcher may retry (exit 1)
+        print(f"drmas-learner: {listen_error(cfg, exc, learners=[args.model])}", file=sys.stderr)
+        return 1
     if stop.is_set():
         log.info("stopped by %s at version %d", stop.signal_name or "request", version)
     else:

@@ -25,8 +25,16 @@ from drmas.core.sample import Sample
 from drmas.learner.collate import float_rows, response_logprobs
 from drmas.learner.loss import ppo_loss
 from drmas.learner.ranks.single import SingleRank
-from drmas.models.devices import training_autocast
+from drmas.models.devices import compute_autocast, exact_float32
 from drmas.weights.learner.source import WeightSource
+
+
+_STOPPED = "asked to stop before the update's first optimizer step"
+
+
+class UpdateStopped(Exception):
+    """The update was abandoned at a safe point (asked to stop before its first optimizer step): weights,
+    optimizer state and step counters are as before it; the caller decides what happens to the batch."""
 
 
 class PolicyTrainer:
@@ -40,12 +48,19 @@ class PolicyTrainer:
         algorithm: AlgorithmConfig,
         agent_loss_weights: Mapping[str, float] | None = None,
         ranks: SingleRank | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
+        """`compute_dtype`: what the forward passes compute in (the precision contract of `drmas.models.devices`;
+        default: the parameters' dtype)."""
         self.model_id = model_id
         self.ranks = ranks or SingleRank()
         self.model = self.ranks.prepare(model)  # sharded before the optimizer sees the parameters
         self.model.train()
-        self.device = next(model.parameters()).device  # float32 master weights here; autocast on CUDA
+        first = next(model.parameters())
+        self.device = first.device  # the master weights' device and dtype
+        self.compute_dtype = compute_dtype or first.dtype
+        self._autocast = lambda: compute_autocast(self.device, first.dtype, self.compute_dtype)
+        exact_float32(self.device)
         self.optim_cfg = optim
         self.alg = algorithm
         self.agent_loss_weights = dict(agent_loss_weights or {})
@@ -76,14 +91,15 @@ class PolicyTrainer:
         """Learner log-probs of every response token (no gradient), in sample order."""
         out: list[torch.Tensor | None] = [None] * len(samples)
         for idx, micro in self._micro_batches(samples):
-            with training_autocast(self.device):
+            with self._autocast():
                 lps = response_logprobs(self.model, micro)
             for i, lp in zip(idx, lps):
                 out[i] = lp.detach().float()
         return out  # type: ignore[return-value]
 
     def update(
-        self, samples: Sequence[Sample], advantages: np.ndarray, version: int | None = None
+        self, samples: Sequence[Sample], advantages: np.ndarray, version: int | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> dict[str, float]:
         """Take `optim_steps_per_update` optimizer steps on these samples; returns metrics named per model.
 
@@ -94,13 +110,23 @@ class PolicyTrainer:
         `version` is the version of these weights. Samples generated with that same version were sampled
         from exactly these weights, so their behaviour log-probs must equal the proximal ones; the largest
         difference per producer (`logp_diff/<model>/<producer>`) shows an engine serving wrong weights.
+
+        `should_stop`, asked between forward passes until the first optimizer step, abandons the update there
+        (`UpdateStopped`, nothing changed): a process told to stop does not spend a whole update (tens of
+        seconds for a real model on CPU) before it saves. After the first optimizer step the weights have
+        changed and the update is finished, so what is saved is always a whole version. One process only:
+        ranks of a sharded model would leave each other inside a collective.
         """
         if not samples:
             return {}
+        if should_stop is not None and self.ranks.size > 1:
+            should_stop = None
         chunks = np.array_split(np.arange(len(samples)), min(self.alg.optim_steps_per_update, len(samples)))
         proximal: list[torch.Tensor | None] = [None] * len(samples)
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
         if len(chunks) > 1:
+            if should_stop is not None and should_stop():
+                raise UpdateStopped(_STOPPED)
             later = self.ranks.share(np.concatenate(chunks[1:]), lengths)
             idle = self.ranks.missing_passes(self._passes(len(later)))
             for i, lp in zip(later, self.logprobs([samples[i] for i in later])):
@@ -110,8 +136,9 @@ class PolicyTrainer:
         weights = np.array([self.agent_loss_weights.get(s.agent, 1.0) for s in samples], dtype=np.float64)
         adv = np.asarray(advantages, dtype=np.float64) * weights
         sums: dict[str, list[float]] = defaultdict(list)
-        for chunk in chunks:
-            self._optimizer_step(chunk, samples, lengths, proximal, behaviour, adv, sums)
+        for index, chunk in enumerate(chunks):
+            self._optimizer_step(chunk, samples, lengths, proximal, behaviour, adv, sums,
+                                 should_stop if index == 0 else None)
         proximal = self.ranks.fill_rows(proximal, [len(s.response_ids) for s in samples])
         m = self.model_id
         on_policy = {} if version is None else on_policy_logp_diff(samples, proximal, behaviour, version)
@@ -130,10 +157,12 @@ class PolicyTrainer:
             f"tokens/{m}": float(sum(len(s.response_ids) for s in samples)),
         }
 
-    def _optimizer_step(self, step: np.ndarray, samples, lengths, proximal, behaviour, adv, sums) -> None:
+    def _optimizer_step(self, step: np.ndarray, samples, lengths, proximal, behaviour, adv, sums,
+                        should_stop: Callable[[], bool] | None = None) -> None:
         """One optimizer step over samples[step], accumulating micro-batch gradients; fills in missing
         proximal log-probs from the (pre-step) gradient pass. This rank's share is `chunk`; the normaliser
-        is the whole step's, so the gradients summed over ranks are the whole step's gradient."""
+        is the whole step's, so the gradients summed over ranks are the whole step's gradient. `should_stop`
+        is asked before every micro-batch (see `update`)."""
         self.optimizer.zero_grad(set_to_none=True)
         chunk = self.ranks.share(step, lengths)
         part = [samples[i] for i in chunk]
@@ -141,8 +170,11 @@ class PolicyTrainer:
         idle = self.ranks.missing_passes(self._passes(len(part)))
         loss_total, stats_acc = 0.0, defaultdict(list)
         for local, micro in self._micro_batches(part):
+            if should_stop is not None and should_stop():
+                self.optimizer.zero_grad(set_to_none=True)  # gradients of the passes made so far
+                raise UpdateStopped(_STOPPED)
             idx = [int(chunk[j]) for j in local]
-            with training_autocast(self.device):
+            with self._autocast():
                 logps = response_logprobs(self.model, micro)
             for i, lp in zip(idx, logps):
                 if proximal[i] is None:

@@ -18,6 +18,10 @@ naming the rank that failed and why (`drmas.learner.ranks.group`); resume contin
 When the learner reaches `trainer.steps` it tells the buffer it finished, so admission stops waiting for
 it: a peer learner that restarted behind it still gets groups.
 
+A stop signal (SIGTERM from a launcher, Ctrl-C by hand) ends the loop at the next safe point: while it waits
+for a batch, or during an update before the update's first optimizer step (the batch is abandoned, its
+groups untrained), never after a whole extra update; then the learner saves its version and exits 0.
+
 Everything this learner writes (metrics, TensorBoard, checkpoints) lives in `<output_dir>/learner-<model>/`,
 so learners of different models never share a file and a restarted learner resumes from its own state.
 """
@@ -37,7 +41,7 @@ from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.core.lineage import Lineage
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
-from drmas.learner.policy import PolicyTrainer
+from drmas.learner.policy import PolicyTrainer, UpdateStopped
 from drmas.learner.ranks.group import BatchFanout, failure_reports, learner_ranks
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.sample_limits import SampleLimits
@@ -56,21 +60,22 @@ MAX_FAILED_UPDATES = 3  # failed updates in a row after which the learner gives 
 DROP_UPDATE_FAILED = "update_failed"
 
 
-def precision(device: torch.device, model: torch.nn.Module) -> str:
+def precision(trainer: PolicyTrainer) -> str:
     """How the learner computes, in words (the log line users check first on a GPU)."""
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return f"{dtype} weights, bfloat16 autocast" if device.type == "cuda" else f"{dtype}"
+    weights = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
+    compute = str(trainer.compute_dtype).removeprefix("torch.")
+    return f"{weights} weights" if compute == weights else f"{weights} weights, {compute} autocast"
 
 
 def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device):
     """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one)."""
-    from drmas.models.loading import load_model
+    from drmas.models.loading import compute_dtype, load_model, torch_dtype
 
     mcfg = cfg.models[model_id]
-    model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype)
-    model.to(device)
+    model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype, device=device)
     weights = {a: cfg.agents[a].loss_weight for a in assembly.trained_agents(cfg, model_id)}
-    return PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks), tokenizer
+    return PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks,
+                         compute_dtype=torch_dtype(compute_dtype(mcfg))), tokenizer
 
 
 class UpdateFailed(RuntimeError):
@@ -111,6 +116,7 @@ class LearnerWorker:
                                                incarnation=self.lineage.incarnation,
                                                current_weights=self._current_weights,
                                                curve=server_keys(cfg.pipeline.buffer), device=self.device,
+                                               dtype=self.trainer.compute_dtype,
                                                joins_in_thread=self.source.concurrent)
         self.limits = SampleLimits.of_model(self.model, cfg.pipeline.buffer.max_sample_tokens)
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
@@ -139,10 +145,12 @@ class LearnerWorker:
         if cfg.trainer.resume:
             self._resume()
         (self.out / "config.yaml").write_text(to_yaml(cfg))
-        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard)
+        # a resumed learner logs the versions after its checkpoint again: never twice (see MetricsWriter)
+        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard,
+                               resumed_at=self.version if cfg.trainer.resume else None)
         self.sender.start()
         log.info("learner of %r (agents %s) at version %d on %s (%s); rollouts join %s (%s)", self.model_id,
-                 self.agents, self.version, self.device, precision(self.device, self.model), self.sender.endpoint,
+                 self.agents, self.version, self.device, precision(self.trainer), self.sender.endpoint,
                  self.sender.backend)
         try:
             self._report_version()
@@ -154,6 +162,11 @@ class LearnerWorker:
                     break
                 try:
                     scalars, hists = self._step(batch)
+                except UpdateStopped:
+                    log.info("stopped by %s during the update from version %d: the update is abandoned (its "
+                             "%d samples are not trained); saving version %d", self.stop.signal_name or "request",
+                             self.version, len(batch.samples), self.version)
+                    break
                 except UpdateFailed as exc:
                     failed_in_a_row += 1
                     self._drop_failed(batch, exc, failed_in_a_row)
@@ -204,8 +217,11 @@ class LearnerWorker:
             raise UpdateFailed(f"advantages: {exc!r}") from exc
         self.fanout.send(samples, adv)
         with self.sender.exclusive():
-            try:
-                scalars.update(self.trainer.update(samples, adv, version=self.version))
+            try:  # a stop signal abandons the update at its next safe point (one rank only, see `update`)
+                scalars.update(self.trainer.update(samples, adv, version=self.version, should_stop=self.stop.is_set))
+            except UpdateStopped:
+                self.stats.load_state_dict(stats_before)
+                raise
             except Exception as exc:  # before optimizer.step: the weights are unchanged
                 if self.trainer.ranks.size > 1:  # the other ranks are inside this update's collectives
                     raise self._ranks_failed("update", exc) from exc
@@ -218,6 +234,7 @@ class LearnerWorker:
         scalars.update({
             f"version/{m}": float(self.version),
             f"weight_sync/{m}/seconds": report.seconds,
+            f"weight_sync/{m}/mb": report.bytes / 1e6,  # per rollout, in the engines' dtype (the compute dtype)
             f"weight_sync/{m}/receivers": float(len(report.receivers_ok)),
             f"weight_sync/{m}/dropped": float(len(report.receivers_dropped)),
             f"weight_sync/{m}/learner_sends": float(report.learner_sends),  # passes over the model (1: flat)
@@ -292,9 +309,9 @@ class LearnerWorker:
         return path
 
     def _resume(self) -> bool:
+        log.info("%s", checkpoint.resume_line(self.out, unit="version"))
         ckpt = checkpoint.latest_checkpoint(self.out)
         if ckpt is None:
-            log.info("no checkpoint in %s: starting at version 0", self.out)
             return False
         state = checkpoint.load_run_state(ckpt)
         self.fanout.resume(self.trainer, ckpt, int(state["version"]))  # resharded onto our ranks

@@ -54,6 +54,32 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return max(done)[1] if done else None
 
 
+def torn_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Step directories newer than the newest complete checkpoint that have no `COMPLETE` marker: saves cut
+    short (a kill, a crash, a full disk). Resume skips them; its caller says so, since the user may have
+    expected to continue from there."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    latest = latest_checkpoint(output_dir)
+    newest = -1 if latest is None else int(_STEP_DIR.match(latest.name).group(1))
+    torn = [(int(m.group(1)), child) for child in root.iterdir()
+            if (m := _STEP_DIR.match(child.name)) and not (child / "COMPLETE").exists()]
+    return [path for step, path in sorted(torn) if step > newest]
+
+
+def resume_line(output_dir: str | Path, unit: str = "step") -> str:
+    """What resuming from `output_dir` finds, for the log: the checkpoint it continues from, the torn ones it
+    skips, or that there is none (then it starts at step 0, which a user asking to resume must be told)."""
+    ckpt = latest_checkpoint(output_dir)
+    torn = torn_checkpoints(output_dir)
+    skipped = "; skipping " + ", ".join(f"{p.name} (no COMPLETE marker: its save was cut short)" for p in torn) \
+        if torn else ""
+    if ckpt is None:
+        return f"trainer.resume=true: no complete checkpoint in {output_dir}{skipped}: starting at {unit} 0"
+    return f"resuming from {ckpt}{skipped}"
+
+
 def save_checkpoint(
     output_dir: str | Path,
     step: int,

@@ -215,8 +215,9 @@ def _tiny_qwen2_config(cfg: TinyModelConfig, tokenizer):
     )
 
 
-def _save_tiny(cfg: TinyModelConfig, out: Path) -> None:
-    """Initialise a tiny Qwen2 deterministically from cfg.seed and save it with the SmolLM2 tokenizer."""
+def _save_tiny(cfg: TinyModelConfig, out: Path, device: torch.device) -> None:
+    """Initialise a tiny Qwen2 deterministically from cfg.seed (on the CPU: the same random weights
+    everywhere), prime it on `device`, and save it with the SmolLM2 tokenizer."""
     from transformers import Qwen2ForCausalLM
 
     tokenizer = load_tokenizer(smollm2_tokenizer_dir())
@@ -227,19 +228,25 @@ def _save_tiny(cfg: TinyModelConfig, out: Path) -> None:
     if cfg.prime_steps > 0:
         from drmas.models.priming import prime_formats
 
+        model.to(device)
         with torch.random.fork_rng(devices=[]):
             prime_formats(model, tokenizer, cfg.prime_steps, cfg.seed, system=cfg.prime_system)
+        model.to("cpu")
     _align_generation_config(model, tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
 
-def build_tiny_model(cfg: TinyModelConfig) -> Path:
-    """The cached HF directory of a tiny Qwen2 of shape ``cfg`` (same cfg -> same directory, same weights):
-    random from ``cfg.seed``, then, when ``cfg.prime_steps`` > 0, primed on the agents' output formats."""
+def build_tiny_model(cfg: TinyModelConfig, device: torch.device | str = "cpu") -> Path:
+    """The cached HF directory of a tiny Qwen2 of shape ``cfg`` (same cfg -> same directory): random from
+    ``cfg.seed``, then, when ``cfg.prime_steps`` > 0, primed on the agents' output formats on `device`.
+
+    The device is not part of the cache key: a directory primed on a GPU serves a CPU run of the same
+    config and vice versa (their weights differ by float rounding only); within one cache every process of
+    a run reads the one directory the first of them built."""
     _tiny_head_dim(cfg)  # fail before touching the cache
     target = cache_dir() / "models" / f"tiny-{_tiny_key(cfg)}"
-    build_once(target, lambda out: _save_tiny(cfg, out))
+    build_once(target, lambda out: _save_tiny(cfg, out, torch.device(device)))
     return target
 
 
@@ -265,7 +272,9 @@ def resolve_model_path(cfg: ModelConfig, where: str = "models.<id>") -> Path:
     if cfg.builtin == SMOLLM2_BUILTIN:
         return import_smollm2()
     if cfg.builtin == TINY_BUILTIN:
-        return build_tiny_model(cfg.tiny)
+        from drmas.models.devices import build_device
+
+        return build_tiny_model(cfg.tiny, build_device(cfg.device))
     raise ValueError(f"{where}.builtin: unknown builtin model {cfg.builtin!r}; choices: {', '.join(BUILTIN_MODELS)}")
 
 
@@ -280,8 +289,15 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; choices: {', '.join(_DTYPES)}") from None
 
 
-def load_model(path: str | Path, dtype: str = "float32", key: str = "model path"):
-    """Load ``(model, tokenizer)`` from a local HF causal-LM directory, model in eval mode.
+def compute_dtype(cfg: ModelConfig) -> str:
+    """The dtype of the precision contract of a model (`models.<id>.compute_dtype`, default its dtype): what
+    its learner computes in and its engine generates in (see `drmas.models.devices`)."""
+    return cfg.compute_dtype or cfg.dtype
+
+
+def load_model(path: str | Path, dtype: str = "float32", key: str = "model path", device: torch.device | None = None):
+    """Load ``(model, tokenizer)`` from a local HF causal-LM directory, model in eval mode (on `device`
+    when given: every tensor the model makes afterwards lives there).
 
     The directory is checked first (``checked_model_dir``), so a broken one fails with a message naming the
     file and ``key`` (the config key it came from, when the caller knows it). The tokenizer always has a pad
@@ -294,6 +310,8 @@ def load_model(path: str | Path, dtype: str = "float32", key: str = "model path"
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype))
     except OSError as exc:  # unreadable weights that passed the header check
         raise ValueError(f"{key}: the weights in {str(path)!r} cannot be loaded: {exc}") from None
+    if device is not None:
+        model.to(device)
     model.eval()
     try:
         tokenizer = load_tokenizer(path)

@@ -67,8 +67,9 @@ def _response_loss(model, input_ids, mask, labels) -> torch.Tensor:
 
 def prime_formats(model: torch.nn.Module, tokenizer, steps: int, seed: int, batch_size: int = 8,
                   system: str = "math") -> float:
-    """Train `model` in place for `steps` steps on format responses after chat prompts (loss on the
-    response tokens only); returns the last loss."""
+    """Train `model` in place, on the device it is on, for `steps` steps on format responses after chat
+    prompts (loss on the response tokens only); returns the last loss."""
+    device = next(model.parameters()).device
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=_PEAK_LR)
     # Warm up, then decay to zero: a constant high rate lets a tiny model collapse onto one format prefix
@@ -90,12 +91,12 @@ def prime_formats(model: torch.nn.Module, tokenizer, steps: int, seed: int, batc
             input_ids[row, : len(ids)] = torch.tensor(ids)
             labels[row, start : len(ids)] = torch.tensor(ids[start:])
             mask[row, : len(ids)] = 1
-        loss = _response_loss(model, input_ids, mask, labels)
+        loss = _response_loss(model, input_ids.to(device), mask.to(device), labels.to(device))
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        last = float(loss.detach())
+        last = loss.detach()
     model.eval()
-    return last
+    return float(last)

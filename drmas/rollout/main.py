@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         require_fixed(cfg, buffer=True, learners=assembly.trained_models(cfg))
         worker = RolloutWorker(cfg, args.index, stop)
-    except (EndpointError, FileNotFoundError, ValueError) as exc:
+    except (EndpointError, FileNotFoundError, ValueError, ImportError) as exc:  # ImportError: an engine's package
         print(f"drmas-rollout: {exc}", file=sys.stderr)
         return 2
     worker.run()

@@ -8,9 +8,9 @@ One `EpisodeRunner.stream` runs for the life of the process. Before every engine
   released. Live episodes simply continue with the new weights; their later turns carry the new version.
   Where the loop cannot wait (blocked on buffer credit, see below) the running requests are aborted instead
   and submitted again after the load;
-* tops the live GRPO groups up to `groups_in_flight`, but only as many as the buffer grants: the grant
-  follows every model's staleness bound, so a group that would be too stale by the time a learner could
-  train it is never started.
+* tops the live GRPO groups up to `groups_in_flight` (by default: enough to fill every engine's batch),
+  but only as many as the buffer grants: the grant follows every model's staleness bound, so a group that
+  would be too stale by the time a learner could train it is never started.
 
 A finished episode goes to the buffer at once with the samples of trained agents only (nothing else would
 ever leave the buffer) and the rewards of the other calls (frozen agents), which still count in the episode's
@@ -71,6 +71,17 @@ class _Meter:
         self.apply_s: Counter[str] = Counter()
 
 
+def groups_in_flight(cfg: DrmasConfig, models: int) -> int:
+    """`pipeline.groups_in_flight`, or by default the groups that fill every served engine's batch: episodes
+    wait on one model at a time, so `models` engines of `max_batch_size` rows need that many times the
+    episodes (on a GPU a decode step costs about the same for any number of rows: an engine half full
+    makes half the tokens)."""
+    if cfg.pipeline.groups_in_flight:
+        return cfg.pipeline.groups_in_flight
+    full = -(-models * cfg.rollout.max_batch_size // cfg.rollout.group_size)
+    return max(cfg.rollout.prompts_per_step, full)
+
+
 class RolloutWorker:
     def __init__(self, cfg: DrmasConfig, index: int, stop: StopFlag) -> None:
         self.cfg, self.stop = cfg, stop
@@ -98,7 +109,7 @@ class RolloutWorker:
         self.runner = EpisodeRunner(self.orchestra, self.engines, assembly.agent_specs(cfg),
                                     cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds)
         self.group_size = cfg.rollout.group_size
-        self.target_groups = cfg.pipeline.groups_in_flight or cfg.rollout.prompts_per_step
+        self.target_groups = groups_in_flight(cfg, len(served))
         self.open_groups: dict[str, int] = {}  # group id -> episodes not finished yet
         self.abandoned: set[str] = set()  # open groups with a dropped episode: the rest of them is not sent
         self.dropped_episodes = 0

@@ -16,17 +16,26 @@ import numpy as np
 
 
 class MetricsWriter:
-    """Fan-out of per-step metrics to metrics.jsonl and (optionally) TensorBoard."""
+    """Fan-out of per-step metrics to metrics.jsonl and (optionally) TensorBoard.
 
-    def __init__(self, output_dir: str | Path, tensorboard: bool = True) -> None:
+    A run that resumes from its checkpoint of step `resumed_at` logs the steps after it again, and a stopped or
+    killed run may have logged some of them already (past its last checkpoint). So no step appears twice:
+    metrics.jsonl keeps only its records up to `resumed_at` (rewritten in one step), and TensorBoard hides the
+    earlier event files' points past it (`purge_step`, its own mechanism for exactly this)."""
+
+    def __init__(self, output_dir: str | Path, tensorboard: bool = True, resumed_at: int | None = None) -> None:
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(self.output_dir / "metrics.jsonl", "a", buffering=1)
+        path = self.output_dir / "metrics.jsonl"
+        if resumed_at is not None and path.exists():
+            _keep_records_up_to(path, resumed_at)
+        self._jsonl = open(path, "a", buffering=1)
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"))
+            purge = None if resumed_at is None else resumed_at + 1
+            self._tb = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"), purge_step=purge)
 
     def log(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray] | None = None) -> None:
         clean = {k: float(v) for k, v in scalars.items()}
@@ -51,6 +60,21 @@ class MetricsWriter:
             self._tb.close()
 
 
+def _keep_records_up_to(path: Path, step: int) -> None:
+    """Drop the records of metrics.jsonl after `step` (a torn last line, from a kill mid-write, goes too)."""
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("step", 0) <= step:
+            kept.append(line + "\n")
+    staged = path.with_name(path.name + ".tmp")
+    staged.write_text("".join(kept))
+    staged.replace(path)
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     """All records of a metrics.jsonl (later records of a resumed run come after earlier ones)."""
     with open(path) as fh:
@@ -58,17 +82,25 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def agent_line(step: int, scalars: Mapping[str, float], agents: list[str], models: list[str]) -> str:
-    """One compact console line: per-agent reward/advantage/valid share, per-model loss and grad norm."""
+    """One compact console line: per-agent reward/advantage/valid share, per-model loss and grad norm.
+
+    An agent the step's episodes never called (a reviser after only right answers, a learner's batch of
+    another agent's groups) has no numbers: it says so instead of printing nan."""
     parts = [f"step {step:>4}"]
     for a in agents:
-        r = scalars.get(f"reward/{a}/mean", float("nan"))
+        if f"reward/{a}/mean" not in scalars:
+            parts.append(f"{a}: no calls")
+            continue
+        r = scalars[f"reward/{a}/mean"]
         sq = scalars.get(f"advantage/{a}/sq_mean", float("nan"))
         v = scalars.get(f"valid/{a}", float("nan"))
         parts.append(f"{a}: r={r:+.3f} A2={sq:.2f} valid={v:.2f}")
     for m in models:
+        if f"loss/{m}" not in scalars:
+            parts.append(f"{m}: no update")
+            continue
         g = scalars.get(f"grad_norm/{m}", float("nan"))
-        loss = scalars.get(f"loss/{m}", float("nan"))
-        parts.append(f"{m}: loss={loss:+.4f} |g|={g:.3f}")
+        parts.append(f"{m}: loss={scalars[f'loss/{m}']:+.4f} |g|={g:.3f}")
     return " | ".join(parts)
 
 
@@ -80,9 +112,18 @@ def reward_stats_line(stats: Mapping[str, Mapping[str, float]]) -> str:
 
 def spike_summary(values: list[float], factor: float = 3.0) -> dict[str, float]:
     """Median, max and the number of steps whose value exceeds `factor` x the running median of the
-    steps before it: the gradient-spike count used to compare normalisation modes."""
+    steps before it: the gradient-spike count used to compare normalisation modes.
+
+    The running median is taken over the earlier *non-zero* values: a gradient norm of 0 is a step without
+    a gradient (every group's rewards equal), not a scale, and any gradient after it would count as a spike
+    against a median of 0. A step with no non-zero value before it is never a spike."""
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return {"median": float("nan"), "max": float("nan"), "spikes": 0.0}
-    spikes = sum(1 for i in range(1, len(finite)) if finite[i] > factor * float(np.median(finite[:i])))
+    spikes, earlier = 0, []
+    for value in finite:
+        if earlier and value > factor * float(np.median(earlier)):
+            spikes += 1
+        if value != 0:
+            earlier.append(value)
     return {"median": float(np.median(finite)), "max": float(max(finite)), "spikes": float(spikes)}

@@ -23,14 +23,25 @@ from drmas.config.schema import DrmasConfig
 
 
 class StopFlag:
-    """Set by SIGTERM or SIGINT (or `set()`); loops poll it or `wait` on it instead of sleeping."""
+    """Set by SIGTERM or SIGINT (or `set()`); loops poll it or `wait` on it instead of sleeping.
+
+    The handlers are installed for the process (only the main thread can), and `restore()` puts back the ones
+    they replaced, for a loop that runs inside a longer-lived program (the colocated run in a benchmark or a
+    test)."""
 
     def __init__(self, install: bool = True) -> None:
         self._event = threading.Event()
         self.signal_name = ""
-        if install:
+        self._replaced: dict = {}
+        if install and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self._on_signal)
+                self._replaced[sig] = signal.signal(sig, self._on_signal)
+
+    def restore(self) -> None:
+        """Put back the signal handlers this flag replaced."""
+        for sig, handler in self._replaced.items():
+            signal.signal(sig, handler)
+        self._replaced = {}
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._event.is_set():
@@ -100,11 +111,39 @@ def load_or_exit(prog: str, path: str | None, overrides: Sequence[str],
 
 LOG_FILE = "process.log"
 
+# What turns off the progress bars of the libraries (tqdm's own, huggingface_hub's and transformers' weight
+# loading and saving) in a process that imports them after reading it: a launcher's children get it.
+QUIET_PROGRESS_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+def progress_bars_on(wanted: bool = True) -> bool:
+    """Whether to draw a progress bar: asked for (`logging.progress_bar`) and stderr is a terminal. Elsewhere (a
+    launcher's child, output redirected to a file) every `\r` update of a bar becomes a line of the log."""
+    return wanted and sys.stderr.isatty()
+
+
+def quiet_progress_bars() -> None:
+    """Turn the libraries' progress bars off when stderr is not a terminal: for what this process imports from
+    here on, for its children (the environment), and for transformers when it is imported already."""
+    if sys.stderr.isatty():
+        return
+    os.environ.update(QUIET_PROGRESS_ENV)
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
 
 def setup_logging(name: str) -> None:
-    """One line per record, prefixed with the process name, so merged logs of many processes stay readable."""
+    """One line per record, prefixed with the process name, so merged logs of many processes stay readable;
+    no progress bars unless stderr is a terminal (they would break those lines up)."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr, force=True)
+    quiet_progress_bars()
 
 
 def add_log_file(directory: Path) -> Path:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from drmas.config.tasks import MathFileSettings
 from drmas.core.errors import naming_key
-from drmas.core.jsonl import jsonl_records
+from drmas.core.jsonl import input_file, jsonl_records
 from drmas.tasks import TASKS
 from drmas.tasks.base import Problem
 from drmas.tasks.grading import extract_boxed, grade_answer
@@ -45,8 +45,7 @@ class Row:
 
 def read_rows(path: Path) -> list[Row]:
     """All records of a .jsonl or .parquet file; errors name the file (and line) at fault."""
-    if not path.is_file():
-        raise FileNotFoundError(f"task file not found: {path}")
+    input_file(path, "task file")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows = [Row(where, record) for where, _, record in jsonl_records(path)]

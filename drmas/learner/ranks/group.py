@@ -58,6 +58,8 @@ def learner_ranks(device_spec: str, ranks: int, model_id: str,
     device = resolve_device(device_spec, f"models.{model_id}.device")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if ranks == 1:
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # what else uses the current device (NCCL pairs, kernels) uses this one
         return SingleRank(), device
     if world != ranks:
         raise ValueError(f"{key}={ranks}, but this process is one of {world} (WORLD_SIZE): start the learner as "

@@ -97,6 +97,7 @@ class WeightSender:
         config: WeightSyncConfig | None = None,
         curve: CurveKeys | None = None,
         device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
         joins_in_thread: bool = True,
     ) -> None:
         """``config``: every setting of the channel (the defaults of `WeightSyncConfig` when None). ``model`` '' accepts rollouts of any model. ``incarnation``
@@ -107,7 +108,9 @@ class WeightSender:
         travels encrypted; pair ids then carry 128 random bits, so nobody can guess their way into a pair's
         gloo/NCCL rendezvous on the (unauthenticated) TCPStore. Binding a non-loopback address needs it.
 
-        ``device``: where the tensors to send live; backend 'auto' takes NCCL only for CUDA tensors.
+        ``device``: where the tensors to send live; backend 'auto' takes NCCL only for CUDA tensors, and
+        NCCL pairs are built on this device. ``dtype``: the dtype floating-point tensors travel in, the
+        engines' (the model's compute dtype, see `drmas.models.devices`); None sends them as they are.
 
         ``joins_in_thread``: serve join syncs from a thread of the sender (default), or only when the owner
         calls `serve_joins` (weights that must be read on the owner's thread, see ``source.py``)."""
@@ -121,6 +124,7 @@ class WeightSender:
         self.config = config or WeightSyncConfig()
         self.config.validate("weights")
         self.backend = resolve_backend(self.config.backend, device)
+        self._device = device
         self.model = model
         self.bind_host = bind_host
         self._control_port = control_port
@@ -132,7 +136,7 @@ class WeightSender:
         self._pair_counter = itertools.count()
         self._transfer_lock = threading.RLock()
         self._registry = Registry(self._send)
-        self._broadcaster = Transfer(self._registry, self._send, self.config, self._incarnation)
+        self._broadcaster = Transfer(self._registry, self._send, self.config, self._incarnation, dtype)
         self._context: zmq.Context | None = None
         self._outbox: Outbox | None = None
         self._control: ControlLoop | None = None
@@ -322,7 +326,7 @@ class WeightSender:
         local = self.bind_host if self.bind_host not in WILDCARD_HOSTS else ""
         try:
             pair = PairGroup.connect(self._store, peer.pair_id, 0, self.backend, self.config.timeout_s, local,
-                                     world_size=1 + peer.ranks)
+                                     world_size=1 + peer.ranks, device=self._device)
         except PairError as error:
             self._registry.drop(peer, str(error))
             return

@@ -24,9 +24,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Protocol, Sequence, Union, runtime_checkable
 
+import msgspec
 import torch
 
-from drmas.weights.chunks import TensorSpec, tensor_specs
+from drmas.weights.chunks import TensorSpec, dtype_from_name, dtype_name, tensor_specs
 
 
 @runtime_checkable
@@ -78,12 +79,56 @@ class LiveParameters(NamedTensors):
         return [(name, param.detach()) for name, param in self._model.named_parameters()]
 
 
+class CastSource:
+    """Another source's floating-point tensors in `dtype` (the engines' compute dtype, see `drmas.models.devices`):
+    a push of float32 master weights to bfloat16 engines sends half the bytes, and the engines receive what
+    they hold. Each tensor is cast as a pass reads it (one at a time, never a whole copy); tensors already
+    in `dtype` and non-floating ones pass as they are."""
+
+    def __init__(self, source: WeightSource, dtype: torch.dtype) -> None:
+        self.source, self.dtype = source, dtype
+        self.concurrent = source.concurrent
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.source.peak_bytes
+
+    def specs(self) -> list[TensorSpec]:
+        name = dtype_name(self.dtype)
+        return [msgspec.structs.replace(spec, dtype=name) if dtype_from_name(spec.dtype).is_floating_point else spec
+                for spec in self.source.specs()]
+
+    @contextmanager
+    def open(self) -> Iterator[Sequence[torch.Tensor | None]]:
+        with self.source.open() as tensors:
+            yield _Cast(tensors, self.dtype)
+
+
+class _Cast(Sequence):
+    """A pass's tensors, cast when read (the last one kept: a large tensor is read once per slice)."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor | None], dtype: torch.dtype) -> None:
+        self._tensors, self._dtype = tensors, dtype
+        self._last: tuple[int, torch.Tensor | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if self._last is None or self._last[0] != index:
+            tensor = self._tensors[index]
+            if tensor is not None and tensor.is_floating_point():
+                tensor = tensor.to(self._dtype)
+            self._last = (index, tensor)
+        return self._last[1]
+
+
 Weights = Union[WeightSource, Iterable[tuple[str, torch.Tensor]]]
 """What `WeightSender.push` and a ``current_weights`` provider accept: a source, or named tensors."""
 
 
-def as_source(weights: Weights) -> WeightSource:
-    """``weights`` as a source (named tensors are wrapped in `NamedTensors`)."""
-    if isinstance(weights, WeightSource):
-        return weights
-    return NamedTensors(list(weights))
+def as_source(weights: Weights, dtype: torch.dtype | None = None) -> WeightSource:
+    """``weights`` as a source (named tensors are wrapped in `NamedTensors`), its floating-point tensors in
+    ``dtype`` when given (`CastSource`)."""
+    source = weights if isinstance(weights, WeightSource) else NamedTensors(list(weights))
+    return source if dtype is None else CastSource(source, dtype)

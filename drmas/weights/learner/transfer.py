@@ -74,8 +74,10 @@ class Transfer:
     """Runs one transfer (Manifest -> Ready -> unit broadcasts -> Ack) to a set of connected peers."""
 
     def __init__(self, registry: Registry, send: Callable[[Peer, msg.Message], None], cfg: WeightSyncConfig,
-                 incarnation: str = "") -> None:
+                 incarnation: str = "", dtype: torch.dtype | None = None) -> None:
+        """``dtype``: the dtype floating-point tensors travel in (the engines' compute dtype); None: as they are."""
         self._registry = registry
+        self._dtype = dtype
         self._send = send
         self._cfg = cfg
         self._incarnation = incarnation
@@ -86,7 +88,7 @@ class Transfer:
         """Send ``weights`` as ``version`` to ``peers``. The layout comes from the source's metadata; every
         wave served (and every resend to rollouts behind a broken relay) reads one pass of the source."""
         start = time.monotonic()
-        source = as_source(weights)
+        source = as_source(weights, self._dtype)
         layout = plan_units(source.specs(), self._cfg.chunk_bytes)
         outcome = Outcome()
         with self._registry.cond:
