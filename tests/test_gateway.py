@@ -335,6 +335,7 @@ def test_drmas_eval_runs_the_program_against_the_gateway(tmp_path):
     code = main(["eval", "--config", str(CONFIG), f"system.workdir={EXAMPLE}", "eval.k=2", "eval.max_questions=2",
                  f"trainer.output_dir={out}", "logging.tensorboard=false", "logging.progress_bar=false"])
     assert code == 0
-    report = json.loads((out / "eval.json").read_text())
+    (report_file,) = (out / "evals").glob("initial-k2-*/eval.json")
+    report = json.loads(report_file.read_text())
     assert report["system"] == "external" and report["benchmarks"]["arithmetic"]["n_questions"] == 2
     assert set(report["behaviour"]["arithmetic"]["agents"]) == {"solver", "verifier"}
