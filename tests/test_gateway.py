@@ -137,6 +137,9 @@ def test_calls_are_answered_and_recorded_and_bad_requests_get_openai_errors(engi
             "n": (openai.BadRequestError, dict(n=100)),
             "temperature": (openai.BadRequestError, dict(temperature=7)),
             "messages": (openai.BadRequestError, dict(messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}])),
+            "content": (openai.BadRequestError, dict(messages=[{"role": "user", "content": [{"type": "image_url"}]}])),
+            "max_tokens": (openai.BadRequestError, dict(max_tokens=0)),
+            "stop": (openai.BadRequestError, dict(stop=["a", "b", "c", "d", "e"])),
             "too_long": (openai.BadRequestError, dict(messages=[{"role": "user", "content": "seven " * 3000}])),
         }
         for key, (error, kwargs) in refused.items():
@@ -148,14 +151,20 @@ def test_calls_are_answered_and_recorded_and_bad_requests_get_openai_errors(engi
             client.chat.completions.create(model="solver", messages=[{"role": "user", "content": "hi"}])
         with pytest.raises(openai.NotFoundError, match="no episode 'ep-nope'"):
             _ask(client, "ep-nope")
-        raw = {  # what an openai client cannot send: malformed JSON, a body too large, a wrong path or method
-            400: httpx.post(f"{url}/v1/chat/completions", content=b"{not json"),
-            413: httpx.post(f"{url}/v1/chat/completions", content=b"x" * (65 * 1024)),
-            404: httpx.get(f"{url}/v1/embeddings"),
-            405: httpx.get(f"{url}/v1/chat/completions"),
-        }
-        for status, answer in raw.items():
-            assert answer.status_code == status and set(answer.json()["error"]) == {"message", "type", "param", "code"}
+        chat_url = f"{url}/v1/chat/completions"
+        malformed = [b"{not json", b"\xff\xfe", b"[]", b'{"model": "solver", "messages": "hi"}',
+                     b'{"model": "solver", "messages": [{"role": 1}]}', b'{"model": "solver", "messages": [{"role": '
+                     b'"user", "content": "half a pair \\ud800"}], "user": "' + eid.encode() + b'"}',
+                     b'{"model": "solver", "messages": [], "user": "' + eid.encode() + b'"}',
+                     b'{"model": "solver", "messages": [{"role": "user", "content": "hi"}], "n": 1e400}']
+        raw = [(400, httpx.post(chat_url, content=body)) for body in malformed] + [  # what openai cannot send
+            (413, httpx.post(chat_url, content=b"x" * (65 * 1024))),
+            (404, httpx.get(f"{url}/v1/embeddings")),
+            (405, httpx.get(chat_url)),
+        ]
+        for status, answer in raw:
+            assert answer.status_code == status, answer.text
+            assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
         assert _end(url, eid, {"rewards": 1}).status_code == 400  # unknown field
         assert "made no model call" in _end(url, eid, {"reward": 1.0}).json()["error"]["message"]
 
