@@ -5,9 +5,10 @@ Both paths run the same episodes (problems, episode ids, hence per-call seeds) o
 orchestra. Through the gateway: examples/openai_agents/agents.py, plain `openai` client code that the external
 system starts and that makes every call over HTTP (in its own process, so on this machine's cores beside the
 engine). Rounds alternate between the two paths (the machine's load drifts), each path warmed up first (imports,
-the program's start); the ratio of the median rates is printed, with the share of calls whose tokens were the
-same on both paths (the gateway reproduces the in-process system call for call; batches differ, so a rare token
-may too).
+the program's start); the ratio of the median rates is printed, with the CPU time per episode of each path (this
+process: driver, engine, HTTP server thread; plus the program's process; a figure a busy machine disturbs far less
+than the rates) and the share of calls whose tokens were the same on both paths (the gateway reproduces the
+in-process system call for call; batches differ, so a rare token may too).
 
     python bench/gateway.py [--config examples/openai_agents/config.yaml] [--episodes 64] [--in-flight 16]
                             [--rounds 3] [key=value ...]      (e.g. models.policy.tiny.hidden_size=512)
@@ -54,6 +55,12 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def own_cpu_seconds() -> float:
+    """User + system CPU time of this process (the driver, the engine and the gateway's server thread)."""
+    times = os.times()
+    return times.user + times.system
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "examples" / "openai_agents" / "config.yaml"))
@@ -82,6 +89,7 @@ def main() -> None:
                 for g in range(args.episodes // group) for e in range(group)]
 
     rates: dict[str, list[float]] = {"in-process": [], "gateway": []}
+    cpu_per_episode: dict[str, list[float]] = {"in-process": [], "gateway": []}
     same = calls = 0
     try:
         for runner in (inside, outside):  # warm-up: imports, first forward passes, the program's start
@@ -90,17 +98,18 @@ def main() -> None:
             ran = {}
             for name, runner in (("in-process", inside), ("gateway", outside))[:: 1 if r % 2 == 0 else -1]:
                 program = getattr(runner.orchestra, "program", None)
-                cpu = cpu_seconds(program.pid if program else None)
+                cpu, own = cpu_seconds(program.pid if program else None), own_cpu_seconds()
                 seconds, results = stream(runner, requests(f"r{r}"), args.in_flight)
+                own = own_cpu_seconds() - own
+                theirs = cpu_seconds(program.pid) - cpu if program else 0.0
                 rates[name].append(len(results) / seconds)
+                cpu_per_episode[name].append((own + theirs) / len(results))
                 ran[name] = {res.request.episode_id: res for res in results}
                 n_calls = sum(len(res.samples) for res in results)
-                extra = ""
-                if program:
-                    extra = f", the program's CPU {1000 * (cpu_seconds(program.pid) - cpu) / n_calls:.1f} ms per call"
+                extra = f", the program's CPU {1000 * theirs / n_calls:.1f} ms per call" if program else ""
                 print(f"round {r} {name:>10}: {len(results)} episodes in {seconds:6.2f} s = {rates[name][-1]:6.2f} "
-                      f"episodes/s ({n_calls} calls, {sum(len(s.response_ids) for res in results for s in res.samples)}"
-                      f" tokens{extra})")
+                      f"episodes/s, CPU {1000 * cpu_per_episode[name][-1]:.0f} ms per episode ({n_calls} calls, "
+                      f"{sum(len(s.response_ids) for res in results for s in res.samples)} tokens{extra})")
             for episode_id, a in ran["gateway"].items():
                 b = ran["in-process"][episode_id]
                 for s, t in zip(a.samples, b.samples):
@@ -109,8 +118,11 @@ def main() -> None:
     finally:
         assembly.close_orchestra(outside.orchestra)
     inside_rate, gateway_rate = statistics.median(rates["in-process"]), statistics.median(rates["gateway"])
+    inside_cpu, gateway_cpu = statistics.median(cpu_per_episode["in-process"]), statistics.median(cpu_per_episode["gateway"])
     print(f"median episodes/s: in-process {inside_rate:.2f}, gateway {gateway_rate:.2f}; "
           f"gateway / in-process = {gateway_rate / inside_rate:.2f}x (goal >= 0.8x); "
+          f"median CPU per episode: in-process {1000 * inside_cpu:.0f} ms, gateway {1000 * gateway_cpu:.0f} ms "
+          f"(program included): in-process / gateway = {inside_cpu / gateway_cpu:.2f}x; "
           f"identical calls {same}/{calls}; torch threads {torch.get_num_threads()}")
 
 

@@ -98,8 +98,8 @@ class ExternalSettings(SystemSettings):
         20.0, "How long POST /drmas/v1/episodes waits for an episode to hand out (admission follows the staleness "
         "bound and the buffer) before answering 503 with Retry-After.")
     batch_wait_s: float = _f(
-        0.2, "Before an engine step, how long the gateway waits for the next calls of the episodes it has just "
-        "answered (or just handed out), so they share that step's batch (the embedded engine generates per step).")
+        0.2, "When no engine has work, how long the rollout waits for the next calls of the episodes it has just "
+        "answered (or opened), so they start in one batch instead of trickling in.")
     max_request_kb: int = _f(4096, "Largest request body the gateway accepts, in KiB (larger: 413).")
     max_restarts: int = _f(
         3, "Restarts of a program that exited before the rollout gives up (its episodes in flight are dropped at "

@@ -5,12 +5,12 @@ calls and its end (`submit`) and awaits their futures; it never blocks here. The
 the engines) opens episodes (`open`), takes each one's next event (`next_events`: a `Call`, an `End`, or
 `Dropped`), answers it (`answer` / `refuse`), and, when no engine has work, sleeps in `wait`.
 
-`wait` is also what keeps a batching engine's steps full. The embedded engine generates, per step, what was
-submitted before it, and the calls of a program's episodes come back one by one, a few milliseconds apart, after
-each step's replies. So before a step `wait` returns only once the episodes answered (or opened: new ones replace
-those that ended) within the last `batch_wait_s` have called (or ended), or that window has passed: those calls
-share the step, as the turns of in-process episodes do, instead of trickling into steps of their own (or into
-two cohorts that take turns at the engine for good).
+`wait` is also what keeps an engine's batches full. It is called only when no engine has work (a call that
+arrives while one generates joins its running batch at the next step). The calls of a program's episodes come
+back one by one, a few milliseconds apart, after the replies they answer; so `wait` returns only once the
+episodes answered (or opened: new ones replace those that ended) within the last `batch_wait_s` have called (or
+ended), or that window has passed: those calls start in one batch, as the turns of in-process episodes do,
+instead of trickling in (or forming two cohorts that take turns at the engine for good).
 
 An episode is dropped (its next event is `Dropped`) when it has not ended `episode_timeout_s` after it was handed
 out (or, never handed out, after it was opened: a driver running a fixed set of episodes must not wait forever on
