@@ -113,7 +113,10 @@ def test_the_example_program_is_the_in_process_math_system_call_for_call(engine)
             # batches differ (HTTP calls arrive when they arrive), so float sums may differ in the last bits
             assert np.allclose(s.behaviour_logprobs, t.behaviour_logprobs, atol=1e-4) and s.temperature == 1.0
         assert a.outcome.reward == b.outcome.reward and a.request.episode_id == a.samples[0].episode_id
+        # the program reports its calls in a wrong format (invalid_calls): they draw the same format penalty
+        assert [(s.valid, s.reward) for s in a.samples] == [(t.valid, t.reward) for t in b.samples]
     assert sum(len(r.samples) for r in outside) > len(requests)  # multi-turn: verifier turns and second rounds
+    assert len({s.reward for r in outside for s in r.samples}) > 1  # rewards differ: a group has a gradient
 
 
 def test_calls_are_answered_and_recorded_and_bad_requests_get_openai_errors(engine):
@@ -173,7 +176,10 @@ def test_calls_are_answered_and_recorded_and_bad_requests_get_openai_errors(engi
                               extra_headers={"X-Drmas-Episode": eid})  # the header names the episode too
         bad = _end(url, eid, {"reward": 1.0, "agent_rewards": {"planner": 1.0}})
         assert bad.status_code == 400 and "not agents" in bad.json()["error"]["message"]
-        ended = _end(url, eid, {"reward": 0.25, "call_rewards": {replies["one"].id: 1.0}}).json()
+        bad = _end(url, eid, {"reward": 1.0, "invalid_calls": ["chatcmpl-nope"]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "invalid_calls"
+        ended = _end(url, eid, {"reward": 0.25, "call_rewards": {replies["one"].id: 1.0},
+                                "invalid_calls": [replies["two"].id]}).json()
         assert ended == {"id": eid, "object": "episode", "status": "ended", "reward": 0.25, "calls": 2}
         gone = _end(url, eid, {"reward": 1.0})
         assert gone.status_code == 410 and "has ended" in gone.json()["error"]["message"]
@@ -189,7 +195,9 @@ def test_calls_are_answered_and_recorded_and_bad_requests_get_openai_errors(engi
     assert [s.agent for s in samples] == ["solver", "verifier", "verifier"] and len(two.choices) == 2
     assert two.usage.completion_tokens == sum(len(s.response_ids) for s in samples[1:])
     assert all("=" not in c.message.content for c in two.choices)  # a request's stop string is cut, as OpenAI does
-    assert [s.reward for s in samples] == [1.0, 0.25, 0.25]  # per call, else the episode's
+    assert [s.valid for s in samples] == [True, False, False]  # both choices of the call reported invalid
+    penalty = cfg.algorithm.invalid_penalty
+    assert [s.reward for s in samples] == [1.0, 0.25 - penalty, 0.25 - penalty]  # per call, else the episode's
     assert {s.policy_version for s in samples} == {0} and all(s.episode_id == "g0-e0" for s in samples)
 
 

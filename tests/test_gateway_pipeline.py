@@ -60,6 +60,7 @@ def test_an_openai_agent_program_trains_in_the_async_pipeline_through_a_crash(tm
     assert [r["step"] for r in records] == [1, 2]
     for agent in ("solver", "verifier"):
         assert all(f"reward/{agent}/mean" in r for r in records), records[-1].keys()
+    assert any(r["grad_norm/policy"] > 0 for r in records)  # the program's format penalties differ within groups
     diffs = [v for r in records for k, v in r.items() if k.startswith("logp_diff/policy/")]
     assert diffs and max(diffs) < 1e-3, diffs
 

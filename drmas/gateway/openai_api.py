@@ -111,12 +111,15 @@ class ChatCall:
 
 class RewardRequest(msgspec.Struct, forbid_unknown_fields=True):
     """The body of POST /drmas/v1/episodes/{id}/reward: the episode's reward, or its final answer for drmas to
-    grade with the task, and optionally rewards per agent (by name) or per call (by completion id)."""
+    grade with the task, and optionally rewards per agent (by name) or per call (by completion id), and the calls
+    whose reply had the wrong format (by completion id: they draw `algorithm.invalid_penalty`, as the invalid
+    turns of a built-in system do)."""
 
     reward: Optional[float] = None
     answer: Optional[str] = None
     agent_rewards: Optional[dict[str, float]] = None
     call_rewards: Optional[dict[str, float]] = None
+    invalid_calls: Optional[list[str]] = None
 
 
 class _ClaimRequest(msgspec.Struct, forbid_unknown_fields=True):

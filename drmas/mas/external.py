@@ -13,7 +13,7 @@ One episode generator per admitted episode: it opens a gateway episode of its pr
 `POST /drmas/v1/episodes`), then waits on the `gateway` tool, which answers PENDING until the program's next
 event arrives. A call is generated (n choices, one after another) and answered; an end computes the outcome (the
 reported reward, or the task's grade of the reported answer; per-agent and per-call rewards map onto
-`EpisodeOutcome.agent_rewards` / `turn_rewards`); a drop (timeout, or the program exited) returns an outcome
+`EpisodeOutcome.agent_rewards` / `turn_rewards`, calls reported invalid onto invalid turns); a drop (timeout, or the program exited) returns an outcome
 with `dropped` set: no samples, and its group is dropped like any incomplete one. A request that cannot be
 honoured is answered with an error and the episode goes on.
 
@@ -24,6 +24,7 @@ against the gateway on the test problems, with the evaluation's sampling).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from http import HTTPStatus
 from typing import Any, Mapping, Optional
@@ -168,10 +169,10 @@ class ExternalOrchestra:
         if unknown:
             raise bad_request(f"agent_rewards names {unknown}, which are not agents (agents: "
                               f"{', '.join(self.agents)})", "agent_rewards")
-        unknown = sorted(set(request.call_rewards or ()) - set(call_turns))
-        if unknown:
-            raise bad_request(f"call_rewards names {unknown}, which are not completion ids of episode {episode_id}",
-                              "call_rewards")
+        for key in ("call_rewards", "invalid_calls"):
+            unknown = sorted(set(getattr(request, key) or ()) - set(call_turns))
+            if unknown:
+                raise bad_request(f"{key} names {unknown}, which are not completion ids of episode {episode_id}", key)
         reward = request.reward
         if reward is None:
             try:
@@ -186,6 +187,8 @@ class ExternalOrchestra:
             for completion_id, value in request.call_rewards.items():
                 for index in call_turns[completion_id]:
                     turn_rewards[index] = value
-        return EpisodeOutcome(reward, list(turns), final_answer=request.answer or "", turn_rewards=turn_rewards,
+        invalid = {index for completion_id in request.invalid_calls or () for index in call_turns[completion_id]}
+        turns = [dataclasses.replace(turn, valid=False) if i in invalid else turn for i, turn in enumerate(turns)]
+        return EpisodeOutcome(reward, turns, final_answer=request.answer or "", turn_rewards=turn_rewards,
                               agent_rewards=dict(request.agent_rewards) if request.agent_rewards else None,
                               info={"calls": float(len(call_turns))})

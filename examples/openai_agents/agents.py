@@ -1,10 +1,10 @@
 """A math solver and a verifier written as plain OpenAI client code: drmas trains them through its gateway.
 
 Nothing here knows drmas beyond two endpoints: POST $DRMAS_EPISODES_URL hands out an episode (a problem and its
-id), POST $DRMAS_EPISODES_URL/<id>/reward ends it (here with the final answer, which drmas grades). Every chat
-call names its agent as the `model` and its episode in `user`; drmas starts this program with OPENAI_BASE_URL and
-OPENAI_API_KEY pointing at the gateway. The prompts are those of drmas' built-in math system.
-"""
+id), POST $DRMAS_EPISODES_URL/<id>/reward ends it (here with the final answer, which drmas grades, and the calls
+whose reply had the wrong format, which draw drmas' format penalty). Every chat call names its agent as the
+`model` and its episode in `user`; drmas starts this program with OPENAI_BASE_URL and OPENAI_API_KEY pointing at
+the gateway. The prompts are those of drmas' built-in math system."""
 
 import json
 import os
@@ -35,39 +35,42 @@ def post(url: str, body: dict) -> dict:
         return json.load(answer)
 
 
-def chat(agent: str, episode: str, role: tuple, request: str) -> str:
+def chat(agent: str, episode: str, role: tuple, request: str):
     system, demos = role
     messages = [{"role": "system", "content": system}]
     for question, answer in demos:
         messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
     messages.append({"role": "user", "content": request})
     reply = client.chat.completions.create(model=agent, messages=messages, user=episode)
-    return reply.choices[0].message.content
+    return reply.id, reply.choices[0].message.content
 
 
-def proposed(solution: str) -> str:
-    """What the verifier is shown: the solver's last \\boxed{} answer, else its whole reply."""
+def boxed(solution: str) -> str:
+    """The solver's last \\boxed{} answer ("" when there is none: a reply in the wrong format)."""
     start = solution.rfind("\\boxed{")
     end = solution.find("}", start)
-    answer = solution[start + 7:end].strip() if start >= 0 and end >= 0 else ""
-    return answer or solution.strip()
+    return solution[start + 7:end].strip() if start >= 0 and end >= 0 else ""
 
 
 def episode() -> None:
     """One episode: the solver answers; the verifier approves (done) or rejects (the solver tries again)."""
     claim = post(EPISODES, {})
-    question, solution, verdict = claim["problem"]["question"], "", ""
+    question, solution, verdict, invalid = claim["problem"]["question"], "", "", []  # invalid: calls in a wrong format
     for round_ in range(1, ROUNDS + 1):
         request = question if round_ == 1 else (
             f"{question}\n\nYour previous answer:\n{solution.strip()}\n\nA checker said:\n{verdict.strip()}\n\n"
             "Solve it again and put the final number in \\boxed{}.")
-        solution = chat("solver", claim["id"], SOLVER, request)
+        call, solution = chat("solver", claim["id"], SOLVER, request)
+        invalid += [call] if not boxed(solution) else []
         if round_ == ROUNDS:
             break
-        verdict = chat("verifier", claim["id"], VERIFIER, f"Question: {question}\nProposed answer: {proposed(solution)}")
-        if [v.lower() for v in VERDICT.findall(verdict)][-1:] != ["reject"]:  # no verdict counts as approve
+        answer = boxed(solution) or solution.strip()
+        call, verdict = chat("verifier", claim["id"], VERIFIER, f"Question: {question}\nProposed answer: {answer}")
+        verdicts = [v.lower() for v in VERDICT.findall(verdict)]
+        invalid += [call] if not verdicts else []
+        if verdicts[-1:] != ["reject"]:  # no verdict counts as approve
             break
-    post(f"{EPISODES}/{claim['id']}/reward", {"answer": solution})
+    post(f"{EPISODES}/{claim['id']}/reward", {"answer": solution, "invalid_calls": invalid})
 
 
 def worker() -> None:
