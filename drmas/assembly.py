@@ -29,6 +29,7 @@ from drmas.engines.base import SamplingParams
 from drmas.mas import ORCHESTRAS
 from drmas.mas.agents import AGENT_ROLES, RoleAgent
 from drmas.mas.base import Orchestra
+from drmas.models import checkpoint
 from drmas.models.loading import resolve_model_path
 from drmas.plugins import import_plugins
 from drmas.retrieval.factory import RETRIEVERS, build_retriever
@@ -37,6 +38,7 @@ from drmas.runtime import process
 from drmas.tasks import TASKS
 from drmas.tasks import build_task as _build_task
 from drmas.tasks.base import Task
+from drmas.tasks.sampler import ProblemSampler, order_change
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DrmasConfig:
@@ -144,6 +146,21 @@ def require_packages(cfg: DrmasConfig) -> None:
 
 def build_task(cfg: DrmasConfig) -> Task:
     return _build_task(cfg.task)
+
+
+def drawing_order(cfg: DrmasConfig, task: Task | None = None) -> ProblemSampler:
+    """The run's one drawing order of training prompts (`drmas.tasks.sampler`): the same in every process."""
+    return ProblemSampler((task if task is not None else build_task(cfg)).split("train"), cfg.trainer.seed)
+
+
+def check_drawing_order(cfg: DrmasConfig, out: str | Path, order: ProblemSampler) -> None:
+    """Under trainer.resume, refuse (ValueError) a checkpoint in `out` whose run drew in another order: the draws
+    it trained would name other prompts. Read before any model is built, so the refusal comes at once."""
+    if cfg.trainer.resume:
+        state = checkpoint.peek_run_state(out) or {}
+        problem = order_change(state.get("order"), order.fingerprint())
+        if problem:
+            raise ValueError(f"cannot resume {out}: {problem}")
 
 
 def build_orchestra(cfg: DrmasConfig, task: Task) -> Orchestra:

@@ -33,10 +33,9 @@ from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stat
 from drmas.models import checkpoint
 from drmas.models.devices import resolve_device
 from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
-from drmas.runtime.metrics import MetricsWriter, agent_line, spike_summary
+from drmas.runtime.metrics import PROMPTS_FILE, MetricsWriter, StepRecords, agent_line, spike_summary
 from drmas.runtime.process import StopFlag, progress_bars_on
 from drmas.runtime.run_dir import check_output_dir, claim_output_dir
-from drmas.tasks.sampler import ProblemSampler
 
 
 class StepAbandoned(Exception):
@@ -54,7 +53,8 @@ class ColocatedRun:
         checkpoint.seed_everything(cfg.trainer.seed)
         self.task = assembly.build_task(cfg)
         self.orchestra = assembly.build_orchestra(cfg, self.task)
-        self.sampler = ProblemSampler(self.task.split("train"), cfg.trainer.seed)
+        self.sampler = assembly.drawing_order(cfg, self.task)
+        assembly.check_drawing_order(cfg, cfg.trainer.output_dir, self.sampler)
         self.stats = AgentRewardStats(window=cfg.algorithm.running_stats_window)
         self.engines, self.trainers, self.tokenizers = {}, {}, {}
         self._build_models()
@@ -93,6 +93,7 @@ class ColocatedRun:
         models = {m: (t.model, self.tokenizers[m]) for m, t in self.trainers.items()}
         states = {m: t.state_dict() for m, t in self.trainers.items()}
         run_state = {"step": self.step, "stats": self.stats.state_dict(), "sampler": self.sampler.state_dict(),
+                     "order": self.sampler.fingerprint(),
                      "accuracy": self.accuracy, "history": self.history}
         path = checkpoint.save_checkpoint(self.out, self.step, models, states, run_state,
                                           keep=self.cfg.trainer.keep_checkpoints)
@@ -131,8 +132,9 @@ class ColocatedRun:
         (self.out / "config.yaml").write_text(to_yaml(cfg))
         resumed = cfg.trainer.resume and self.resume()
         # a resumed run logs the steps after its checkpoint again: never twice (see MetricsWriter)
-        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard,
-                               resumed_at=self.step if cfg.trainer.resume else None)
+        resumed_at = self.step if cfg.trainer.resume else None
+        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard, resumed_at=resumed_at)
+        self.prompts = StepRecords(self.out / PROMPTS_FILE, resumed_at=resumed_at)
         test = list(self.task.split("test"))[: cfg.eval.n_problems]
         try:
             if not resumed and test:
@@ -146,6 +148,7 @@ class ColocatedRun:
         except StepAbandoned:
             pass  # a signal: the held-out evaluation in progress is dropped, the run saves below
         writer.close()
+        self.prompts.close()
         if self.trainers and self.saved_step != self.step and self.step > 0:
             self.save()
         if self.stop.is_set():
@@ -163,6 +166,7 @@ class ColocatedRun:
                     break
                 self.step += 1
                 writer.log(self.step, scalars, hists)
+                self.prompts.write({"step": self.step, **self._drawn})
                 if cfg.logging.console_every and self.step % cfg.logging.console_every == 0:
                     speaking = [n for n, a in cfg.agents.items() if a.model]  # scripted agents make no samples
                     self.log(agent_line(self.step, scalars, speaking, list(self.trainers)))
@@ -198,7 +202,9 @@ class ColocatedRun:
 
     def _train_step(self) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         cfg, t0 = self.cfg, time.perf_counter()
+        first = self.sampler.drawn
         problems = self.sampler.next(cfg.rollout.prompts_per_step)
+        self._drawn = {"draws": list(range(first, first + len(problems))), "prompts": [p.uid for p in problems]}
         requests = [
             EpisodeRequest(f"s{self.step}-g{gi}-e{ei}", f"s{self.step}-g{gi}", problem)
             for gi, problem in enumerate(problems)
