@@ -3,7 +3,8 @@
 It wires the same components the asynchronous pipeline uses (episode runner, agent-wise advantages,
 per-model PolicyTrainer, engine.load_weights) so the two modes differ only in transport. The engine keeps
 its own copy of each model and receives the trainer's weights after every update, exactly as a remote
-rollout engine would.
+rollout engine would. The adapters of a model with LoRA adapters are trained over one shared frozen copy of
+its base (a trainer and an optimizer per adapter) and pushed into the one engine serving them all.
 
 A signal (Ctrl-C, SIGTERM) stops the run as it stops a pipeline process (`drmas.runtime.process.StopFlag`):
 the step in progress is abandoned at its next safe point (between engine steps of its rollout, or between
@@ -76,21 +77,30 @@ class ColocatedRun:
     def _build_models(self) -> None:
         from drmas.models.loading import compute_dtype, load_model, torch_dtype
 
-        for model_id, mcfg in self.cfg.models.items():
-            path = assembly.model_path(self.cfg, model_id)
-            self.engines[model_id] = assembly.build_engine(self.cfg, model_id, path, self.cfg.trainer.seed)
-            agents = assembly.trained_agents(self.cfg, model_id)
-            if mcfg.trainable and agents:
-                device = resolve_device(mcfg.device, f"models.{model_id}.device")
-                model, tokenizer = load_model(path, dtype=mcfg.dtype, device=device)
-                weights = {n: self.cfg.agents[n].loss_weight for n in agents}
-                self.trainers[model_id] = PolicyTrainer(model_id, model, mcfg.optim, self.cfg.algorithm, weights,
-                                                        compute_dtype=torch_dtype(compute_dtype(mcfg)))
-                self.tokenizers[model_id] = tokenizer
+        cfg = self.cfg
+        self.engines = assembly.build_engines(cfg, cfg.trainer.seed)
+        trained = assembly.trained_models(cfg)
+        for base, mcfg in cfg.models.items():
+            ids = [m for m in trained if assembly.split_model(m)[0] == base]
+            if not ids:
+                continue
+            device = resolve_device(mcfg.device, f"models.{base}.device")
+            if mcfg.adapters:  # one frozen base, a trainer per adapter; the engine starts on their weights
+                trainers, tokenizer = assembly.adapter_trainers(cfg, ids, device)
+                for trainer in trainers:
+                    self.trainers[trainer.model_id], self.tokenizers[trainer.model_id] = trainer, tokenizer
+                    assembly.weight_target(self.engines, trainer.model_id).load_weights(trainer.named_tensors(), 0)
+                continue
+            model, tokenizer = load_model(assembly.model_path(cfg, base), dtype=mcfg.dtype, device=device)
+            weights = {n: cfg.agents[n].loss_weight for n in assembly.trained_agents(cfg, base)}
+            self.trainers[base] = PolicyTrainer(base, model, mcfg.optim, cfg.algorithm, weights,
+                                                compute_dtype=torch_dtype(compute_dtype(mcfg, device)))
+            self.tokenizers[base] = tokenizer
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def save(self) -> Path:
-        models = {m: (t.model, self.tokenizers[m]) for m, t in self.trainers.items()}
+        models = {m: (t.saveable(t.weight_source(), self.tokenizers[m]), self.tokenizers[m])
+                  for m, t in self.trainers.items()}
         states = {m: t.state_dict() for m, t in self.trainers.items()}
         run_state = {"step": self.step, "stats": self.stats.state_dict(), "sampler": self.sampler.state_dict(),
                      "order": self.sampler.fingerprint(),
@@ -241,14 +251,14 @@ class ColocatedRun:
     def _push_weights(self, version: int) -> None:
         """Copy every trained model's weights into its engine; `version` stamps the tokens generated next."""
         for model_id, trainer in self.trainers.items():
-            self.engines[model_id].load_weights(trainer.named_tensors(), version=version)
+            assembly.weight_target(self.engines, model_id).load_weights(trainer.named_tensors(), version=version)
 
     def summary(self) -> dict:
         out = {"steps": self.step, "accuracy": dict(self.accuracy), "reward_stats": agent_reward_stats(self.stats)}
         if self.stop is not None and self.stop.is_set():
             out["stopped"] = self.stop.signal_name or "request"
         for key, values in self.history.items():
-            if key.startswith("grad_norm/") and key.count("/") == 1:
+            if key in {f"grad_norm/{m}" for m in self.trainers}:
                 out[key] = spike_summary(values)
             elif key.endswith("/sq_mean"):
                 out[key] = float(np.mean(values))

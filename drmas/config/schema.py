@@ -32,6 +32,7 @@ DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # models.<id>.device
 NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 PIPELINE_MODES = ("colocated", "async")
+ADAPTER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # models.<id>.adapters keys (peft module keys, vLLM names)
 
 
 @dataclass
@@ -62,6 +63,26 @@ class TinyModelConfig:
     )
     prime_system: str = _f("math", "Whose output formats priming teaches: 'math' (boxed answers, approve/reject) "
                            "or 'search' (yes/no routing, <search> queries, <answer> tags).")
+
+
+@dataclass
+class AdapterConfig:
+    """One LoRA adapter of a base model: an agent naming `<model>/<adapter>` is served and trained by it."""
+
+    rank: int = _f(16, "LoRA rank r (vLLM serves ranks up to 512).")
+    alpha: float = _f(32.0, "LoRA alpha: the adapter's output is scaled by alpha / rank.")
+    dropout: float = _f(
+        0.0, "LoRA dropout on the adapter's input while training (0: none). Above 0 the learner's log-probs of a "
+        "step are no longer those the engine sampled with (the engine applies no dropout): keep it 0 for on-policy "
+        "updates.")
+    target_modules: list[str] = _f(
+        ["q_proj", "k_proj", "v_proj", "o_proj"],
+        "Names of the base's linear layers the adapter is added to (peft's target_modules: a name matches every "
+        "module whose name ends with it). The default, the attention projections, fits Qwen2/Llama/SmolLM2 models; "
+        "add gate_proj, up_proj, down_proj for the MLPs (more bytes per push).")
+    optim: Optional[OptimConfig] = _f(
+        None, "This adapter's own optimizer (null: the model's `optim`). Set, it replaces the model's section "
+        "whole: fields left out take OptimConfig's defaults, not the model's values.")
 
 
 @dataclass
@@ -106,16 +127,29 @@ class ModelConfig:
         "checkpoint write) before giving up, so a dead or hung rank ends the learner with a message instead of "
         "stalling it. Raise it for very large models whose checkpoint writes take longer; the other ranks' wait "
         "for rank 0's next batch is kept alive separately.")
-    trainable: bool = _f(True, "Train this model (false: serve it frozen).")
-    optim: OptimConfig = _f(OptimConfig, "Optimizer of this model.")
+    trainable: bool = _f(True, "Train this model (false: serve it frozen). With adapters: train its adapters "
+                         "(the base itself is always frozen).")
+    optim: OptimConfig = _f(OptimConfig, "Optimizer of this model (with adapters: of each adapter that sets none).")
+    adapters: dict[str, AdapterConfig] = _f(
+        dict, "LoRA adapters of this model, by name (letters, digits, '_', starting with a letter): each agent "
+        "naming `<model>/<adapter>` (agents.<name>.model) is served by the base plus that adapter, and only the "
+        "adapter is trained (peft), with a learner, version, weight push and checkpoint of its own; every engine "
+        "holds the base once and serves all its adapters. With adapters the base is frozen, held in the compute "
+        "dtype (default: bfloat16 on CUDA, float32 on CPU), and agents cannot name the bare model. See docs/lora.md.")
+    export_merged: bool = _f(
+        False, "With adapters: every checkpoint also holds each adapter merged into the base, as a plain Hugging "
+        "Face directory (<adapter>/merged/) that transformers and vLLM load without peft; a full model's disk per "
+        "adapter and checkpoint.")
 
 
 @dataclass
 class AgentConfig:
     role: str = _f("", "Role implemented by this agent within the system (e.g. solver, verifier).")
     model: str = _f(
-        "", "Id of the model (a key of `models`) that serves and trains this agent. Left empty for an agent whose "
-        "role is scripted (its turns are computed by code: no model, no samples; see docs/extending.md).")
+        "", "Id of the model (a key of `models`) that serves and trains this agent, or `<model>/<adapter>` for one "
+        "of a model's LoRA adapters (models.<model>.adapters). Agents naming the same id share its weights. Left "
+        "empty for an agent whose role is scripted (its turns are computed by code: no model, no samples; see "
+        "docs/extending.md).")
     temperature: Optional[float] = _f(None, "Sampling temperature (default: rollout.temperature).")
     top_p: Optional[float] = _f(None, "Nucleus sampling top_p (default: rollout.top_p).")
     max_new_tokens: Optional[int] = _f(None, "Response length cap (default: rollout.max_new_tokens).")
@@ -272,19 +306,23 @@ class PipelineConfig:
         "Address of the learners' weight-sync endpoints: each learner binds it, rollouts connect to it. Use the "
         "learner machine's address across machines (learner_hosts overrides it per model).",
     )
-    learner_hosts: dict[str, str] = _f(dict, "Model id -> weight-sync address of that model's learner.")
+    learner_hosts: dict[str, str] = _f(dict, "Model id -> weight-sync address of that model's learner (a model with "
+                                       "adapters: of all its adapters' learners; <model>/<adapter>: of one).")
     learner_base_port: int = _f(
         0,
-        "Weight-sync control port of the first trained model (in the order of `models`), +1 for the next, ... "
+        "Weight-sync control port of the first trained model (in the order of `models`, a model with adapters "
+        "counting once per adapter), +1 for the next, ... "
         "0: `drmas run` picks free ports (so runs on one machine never collide); processes started by hand need "
         "real ones (e.g. 5610), the same in every process's config.",
     )
-    learner_ports: dict[str, int] = _f(dict, "Model id -> weight-sync control port, overriding learner_base_port.")
+    learner_ports: dict[str, int] = _f(dict, "Model id (<model>/<adapter> for an adapter's learner) -> weight-sync "
+                                       "control port, overriding learner_base_port.")
 
 
 @dataclass
 class DrmasConfig:
-    models: dict[str, ModelConfig] = _f(dict, "Model id -> model. Agents with the same model id share weights.")
+    models: dict[str, ModelConfig] = _f(dict, "Model id -> model. Agents with the same model id share weights. Ids "
+                                        "may not contain '/' (it separates a model from its adapter).")
     agents: dict[str, AgentConfig] = _f(dict, "Agent name -> agent (role, model id, sampling overrides).")
     plugins: list[str] = _f(
         [], "Modules to import before the config is read, so the orchestras, role agents, tasks, engines and "

@@ -21,7 +21,8 @@ from drmas.tasks.base import Task
 
 
 def final_checkpoint_dirs(cfg: DrmasConfig) -> dict[str, Path]:
-    """Model id -> HF directory of its learner's newest checkpoint (`learner-<m>/checkpoints/step_<N>/<m>`)."""
+    """Model id -> HF directory (an adapter's: peft directory) of its learner's newest checkpoint
+    (`learner-<m>/checkpoints/step_<N>/<m>`)."""
     out = Path(cfg.trainer.output_dir)
     dirs = {}
     for model_id in assembly.trained_models(cfg):
@@ -41,9 +42,7 @@ def heldout_of_models(cfg: DrmasConfig, tag: str, model_dirs: Optional[dict[str,
     problems = list(task.split("test"))[: cfg.eval.n_problems]
     if not problems:
         return {}
-    paths = {m: assembly.model_path(cfg, m) for m in cfg.models}
-    paths.update(model_dirs or {})
-    engines = {m: assembly.build_engine(cfg, m, path, cfg.trainer.seed) for m, path in paths.items()}
+    engines = assembly.build_engines(cfg, cfg.trainer.seed, model_dirs)
     orchestra = assembly.build_orchestra(cfg, task)
     runner = EpisodeRunner(orchestra, engines, assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
                            cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed)

@@ -73,18 +73,25 @@ def precision(trainer: PolicyTrainer) -> str:
     """How the learner computes, in words (the log line users check first on a GPU)."""
     weights = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
     compute = str(trainer.compute_dtype).removeprefix("torch.")
+    if trainer.adapter is not None:
+        adapter = str(trainer.params[0].dtype).removeprefix("torch.")
+        return f"{adapter} adapter {trainer.adapter!r} over a frozen {weights} base"
     return f"{weights} weights" if compute == weights else f"{weights} weights, {compute} autocast"
 
 
 def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device):
-    """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one)."""
+    """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one). An
+    adapter's: its base frozen in the compute dtype, with this one adapter (`assembly.adapter_trainers`)."""
     from drmas.models.loading import compute_dtype, load_model, torch_dtype
 
+    if assembly.split_model(model_id)[1] is not None:
+        (trainer,), tokenizer = assembly.adapter_trainers(cfg, [model_id], device)
+        return trainer, tokenizer
     mcfg = cfg.models[model_id]
     model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype, device=device)
     weights = {a: cfg.agents[a].loss_weight for a in assembly.trained_agents(cfg, model_id)}
     return PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks,
-                         compute_dtype=torch_dtype(compute_dtype(mcfg))), tokenizer
+                         compute_dtype=torch_dtype(compute_dtype(mcfg, device))), tokenizer
 
 
 class UpdateFailed(RuntimeError):
@@ -100,7 +107,7 @@ class LearnerWorker:
         if model_id not in assembly.trained_models(cfg):
             raise ValueError(f"model {model_id!r} is not trained by any agent (trained: {assembly.trained_models(cfg)})")
         self.cfg, self.model_id, self.stop = cfg, model_id, stop
-        mcfg = cfg.models[model_id]
+        mcfg = assembly.model_config(cfg, model_id)
         ranks, self.device = learner_ranks(mcfg.device, mcfg.ranks, model_id, mcfg.collective_timeout_s)
         self.out = claim_output_dir(Path(cfg.trainer.output_dir) / f"learner-{model_id}", cfg.trainer.resume,
                                     cfg.trainer.overwrite)
@@ -129,7 +136,7 @@ class LearnerWorker:
                                                incarnation=self.lineage.incarnation,
                                                current_weights=self._current_weights,
                                                curve=server_keys(cfg.pipeline.buffer), device=self.device,
-                                               dtype=self.trainer.compute_dtype,
+                                               dtype=self.trainer.push_dtype,
                                                joins_in_thread=self.source.concurrent)
         self.limits = SampleLimits.of_model(self.model, cfg.pipeline.buffer.max_sample_tokens)
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,

@@ -28,7 +28,9 @@ Weights may only change on an engine with nothing in progress, or a response wou
 `on_round` hook runs between engine steps; to load weights there, a caller checks `in_progress(model)` and,
 while requests run, `hold(model)` (submit nothing new, let the running ones finish) or `interrupt(model)`
 (abort them; they are submitted again afterwards, with their own seeds, so nothing else changes), then
-`release(model)` once the weights are in.
+`release(model)` once the weights are in. A model here is what an agent names (`AgentSpec.model`): several
+models may share one engine (LoRA adapters of one base, `AgentSpec.engine`), and holding, interrupting or
+counting one of them touches only its own requests on that engine.
 """
 
 from __future__ import annotations
@@ -49,11 +51,18 @@ from drmas.tasks.base import Problem
 @dataclass(frozen=True)
 class AgentSpec:
     """How one agent is served: its model id and its sampling parameters; or, for an agent whose role is
-    scripted, the code that computes its turns (`script(turn) -> reply text`; no model, no sampling)."""
+    scripted, the code that computes its turns (`script(turn) -> reply text`; no model, no sampling).
+    `engine`: the key of the engine that serves the model when it is not the model id itself (an adapter
+    `base/solver` is served by engine `base`; its sampling parameters name the adapter)."""
 
     model: str
     sampling: Optional[SamplingParams]
     script: Optional[Callable[[AgentTurn], str]] = None
+    engine: str = ""
+
+    @property
+    def engine_key(self) -> str:
+        return self.engine or self.model
 
 
 @dataclass
@@ -120,7 +129,7 @@ class EpisodeRunner:
         if missing:
             raise ValueError(f"the orchestra needs agents {missing} that are not configured")
         for name, spec in agents.items():
-            if spec.script is None and spec.model not in engines:
+            if spec.script is None and spec.engine_key not in engines:
                 raise ValueError(f"agent {name!r} uses model {spec.model!r} which has no engine")
         self.orchestra = orchestra
         self.tools = dict(getattr(orchestra, "tools", None) or {})
@@ -130,7 +139,11 @@ class EpisodeRunner:
         self.seed = seed
         self.on_round = on_round
         self.barrier = barrier
-        self._requests = {model: request_level(engine) for model, engine in engines.items()}
+        self._requests = {key: request_level(engine) for key, engine in engines.items()}
+        self._engine_of = {spec.model: spec.engine_key for spec in agents.values() if spec.script is None}
+        # models that share their engine with other models: their own requests are counted apart
+        keys = list(self._engine_of.values())
+        self._shared = {model for model, key in self._engine_of.items() if keys.count(key) > 1}
         self._held: set[str] = set()
         self._waiting: list[_Live] = []  # episodes whose turn is not submitted yet (or that wait on a tool)
         self._running: dict[str, _Live] = {}  # engine request id -> episode
@@ -191,8 +204,8 @@ class EpisodeRunner:
                     self.on_round()
                 self._step_engines(finished)
         finally:
-            for model, engine in self._requests.items():
-                running = [rid for rid, item in self._running.items() if self._model_of(item) == model]
+            for key, engine in self._requests.items():
+                running = [rid for rid, item in self._running.items() if self._engine_key(item) == key]
                 if running:
                     engine.abort(running)
             self._running = {}
@@ -205,8 +218,11 @@ class EpisodeRunner:
     # ---- weights may change only on an idle engine (see the module docstring) ---------------------------
 
     def in_progress(self, model: str) -> int:
-        """Requests of `model`'s engine whose generation has started and not ended."""
-        return self._requests[model].in_progress()
+        """Requests of `model` whose generation has started and not ended: its engine's, or, on an engine
+        shared with other models (adapters), the requests of `model` submitted and not returned."""
+        if model in self._shared:
+            return sum(self._model_of(item) == model for item in self._running.values())
+        return self._requests[self._engine_of[model]].in_progress()
 
     def hold(self, model: str) -> None:
         """Submit nothing new to `model`'s engine until `release`: the running requests finish, then it idles."""
@@ -219,7 +235,7 @@ class EpisodeRunner:
         """Abort what runs on `model`'s engine; those turns go back to be submitted again (same seeds)."""
         aborted = [rid for rid, item in self._running.items() if self._model_of(item) == model]
         if aborted:
-            self._requests[model].abort(aborted)
+            self._requests[self._engine_of[model]].abort(aborted)
         for rid in aborted:
             item = self._running.pop(rid)
             item.submitted = ""
@@ -229,6 +245,9 @@ class EpisodeRunner:
 
     def _model_of(self, item: _Live) -> str:
         return self.agents[item.turn.agent].model
+
+    def _engine_key(self, item: _Live) -> str:
+        return self.agents[item.turn.agent].engine_key
 
     def _submit_waiting(self, on_result: Callable[[EpisodeResult], None]) -> None:
         """Submit every waiting agent turn whose engine is not held; a turn the engine refuses (or whose
@@ -242,10 +261,11 @@ class EpisodeRunner:
             if model in self._held:
                 still_waiting.append(item)
                 continue
+            key = self._engine_key(item)
             try:
-                prompt = self._encode(self.engines[model], item.turn)
+                prompt = self._encode(self.engines[key], item.turn)
                 params = self._sampling(item)
-                self._requests[model].submit(item.request_id, prompt, params)
+                self._requests[key].submit(item.request_id, prompt, params)
             except Exception as exc:
                 self._advance(item, None, still_waiting, on_result, error=exc)
                 continue
@@ -257,12 +277,12 @@ class EpisodeRunner:
         """Step every engine with requests; episodes whose turn came back go on (all at once with `barrier`)."""
         finished: list[tuple[_Live, str, Generation]] = []
         while True:
-            for model, engine in self._requests.items():
-                if not any(self._model_of(item) == model for item in self._running.values()):
+            for key, engine in self._requests.items():
+                if not any(self._engine_key(item) == key for item in self._running.values()):
                     continue
                 for request_id, generation in engine.step():
                     item = self._running.pop(request_id)
-                    finished.append((item, model, generation))
+                    finished.append((item, self._model_of(item), generation))
             if not self.barrier or not self._running:
                 break
         for item, model, generation in finished:

@@ -104,16 +104,16 @@ class RolloutWorker:
             torch.set_num_threads(cfg.trainer.threads)
         task = assembly.build_task(cfg)
         self.sampler = assembly.drawing_order(cfg, task)  # the run's one drawing order
-        served = sorted({a.model for a in cfg.agents.values() if a.model})  # none: a scripted agent
-        self.engines = {m: assembly.build_engine(cfg, m, assembly.model_path(cfg, m), cfg.trainer.seed + index)
-                        for m in served}
+        # one engine per model the agents use (a model with adapters: one engine serving all of them)
+        self.engines = assembly.build_engines(cfg, cfg.trainer.seed + index)
         self.trained_agents = assembly.trained_agent_models(cfg)
+        # what each trained model's pushes load into: its engine, or its adapter of its base's engine
+        self.targets = {m: assembly.weight_target(self.engines, m) for m in assembly.trained_models(cfg)}
         self.receivers = {
             m: WeightReceiver.from_config(cfg.pipeline.weights, learner_endpoint(cfg, m), self.name,
-                                          self.engines[m].load_weights, model=m,
-                                          curve=client_keys(cfg.pipeline.buffer),
-                                          workers=receiving_workers(self.engines[m]))
-            for m in assembly.trained_models(cfg)
+                                          target.load_weights, model=m, curve=client_keys(cfg.pipeline.buffer),
+                                          workers=receiving_workers(target))
+            for m, target in self.targets.items()
         }
         # the buffer keys leases and unfinished groups by producer: a restarted rollout of the same index must
         # not inherit (and keep alive with its heartbeats) what its dead predecessor held
@@ -122,7 +122,7 @@ class RolloutWorker:
         self.runner = EpisodeRunner(self.orchestra, self.engines, assembly.agent_specs(cfg),
                                     cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds)
         self.group_size = cfg.rollout.group_size
-        self.target_groups = groups_in_flight(cfg, len(served))
+        self.target_groups = groups_in_flight(cfg, len(self.engines))
         self.open_groups: dict[str, _OpenGroup] = {}
         self.abandoned: set[str] = set()  # open groups not to send (a dropped episode; a buffer that restarted)
         self.abandoned_groups = 0
@@ -332,8 +332,8 @@ class RolloutWorker:
             "rollout/dropped_episodes": float(self.dropped_episodes),
             **(self.orchestra.metrics() if hasattr(self.orchestra, "metrics") else {}),
         }
-        for model, engine in self.engines.items():
-            scalars[f"version/{model}"] = float(engine.version)
+        for model, target in {**self.engines, **self.targets}.items():  # frozen models: their engine's (0)
+            scalars[f"version/{model}"] = float(target.version)
         for model in self.receivers:
             scalars[f"weight_sync/{model}/pause_seconds"] = meter.apply_s[model]
         self.reports += 1
