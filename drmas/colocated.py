@@ -27,6 +27,10 @@ from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.core.sample import Sample
 from drmas.evaluation import heldout_accuracy
+from drmas.evaluation.command import CHUNK_BATCHES
+from drmas.evaluation.evals_log import EvalLog, summary_line
+from drmas.evaluation.interval import IntervalSchedule, RunningEvaluation, evaluate_now
+from drmas.evaluation.sampling import eval_agent_specs, load_benchmarks
 from drmas.learner.advantage import step_advantages
 from drmas.learner.policy import PolicyTrainer, UpdateStopped
 from drmas.learner.running_stats import AgentRewardStats
@@ -66,6 +70,9 @@ class ColocatedRun:
         self.eval_runner = EpisodeRunner(self.orchestra, self.engines,
                                          assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
                                          cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds)
+        # eval.interval: its questions are read (and a bad benchmark file refused) before the directory is claimed
+        self.interval_benchmarks = load_benchmarks(cfg, self.task) if cfg.eval.interval else {}
+        self.interval_agents = eval_agent_specs(cfg)
         # built and checked (data files, models, devices): only now is the directory claimed, so a refused run
         # leaves nothing that would refuse the corrected command (nor deleted the old run for trainer.overwrite)
         self.out = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
@@ -145,13 +152,16 @@ class ColocatedRun:
         resumed_at = self.step if cfg.trainer.resume else None
         writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard, resumed_at=resumed_at)
         self.prompts = StepRecords(self.out / PROMPTS_FILE, resumed_at=resumed_at)
+        evals = EvalLog(self.out, tensorboard=cfg.logging.tensorboard, resumed_at=resumed_at)
+        schedule = IntervalSchedule(cfg.eval.interval, done=evals.done)
         test = list(self.task.split("test"))[: cfg.eval.n_problems]
         try:
             if not resumed and test:
                 self.accuracy["before"] = heldout_accuracy(self.eval_runner, test, "before")["accuracy"]
                 writer.log(self.step, {"eval/accuracy_before": self.accuracy["before"]})
                 self.log(f"held-out accuracy before training: {self.accuracy['before']:.3f} ({len(test)} problems)")
-            self._train(writer)
+            self._evaluate_if_due(schedule, evals)
+            self._train(writer, lambda: self._evaluate_if_due(schedule, evals))
             if test and not self.stop.is_set():
                 self.accuracy["after"] = heldout_accuracy(self.eval_runner, test, "after")["accuracy"]
                 writer.log(self.step, {"eval/accuracy_after": self.accuracy["after"]})
@@ -159,13 +169,14 @@ class ColocatedRun:
             pass  # a signal: the held-out evaluation in progress is dropped, the run saves below
         writer.close()
         self.prompts.close()
+        evals.close()
         if self.trainers and self.saved_step != self.step and self.step > 0:
             self.save()
         if self.stop.is_set():
             self.log(self._stopped_line())
         return self.summary()
 
-    def _train(self, writer: MetricsWriter) -> None:
+    def _train(self, writer: MetricsWriter, between_steps) -> None:
         cfg = self.cfg
         bar = _progress(cfg, initial=self.step)
         try:
@@ -183,8 +194,21 @@ class ColocatedRun:
                 if cfg.trainer.checkpoint_interval and self.step % cfg.trainer.checkpoint_interval == 0:
                     self.save()
                 bar.update(1)
+                between_steps()
         finally:
             bar.close()
+
+    def _evaluate_if_due(self, schedule: IntervalSchedule, evals: EvalLog) -> None:
+        """eval.interval: evaluate the weights of this step (the engines hold them since the step's push)."""
+        if not schedule.due(self.step):
+            return
+        schedule.started(self.step)
+        evaluation = RunningEvaluation(self.cfg, self.step, self.interval_benchmarks, self.interval_agents,
+                                       self.orchestra.agents)
+        per_call = max(1, CHUNK_BATCHES * self.cfg.rollout.max_batch_size // self.cfg.eval.k)
+        report = evaluate_now(self.eval_runner, evaluation, per_call)
+        evals.write(report)
+        self.log(summary_line(report))
 
     def _stopped_line(self) -> str:
         how = f"stopped by {self.stop.signal_name or 'request'} at step {self.step} of {self.cfg.trainer.steps}"

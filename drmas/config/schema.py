@@ -32,6 +32,7 @@ DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # models.<id>.device
 NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 PIPELINE_MODES = ("colocated", "async")
+PRIME_SYSTEMS = ("math", "search", "code")  # models.<id>.tiny.prime_system (drmas/models/priming.py FORMATS)
 ADAPTER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # models.<id>.adapters keys (peft module keys, vLLM names)
 
 
@@ -61,8 +62,9 @@ class TinyModelConfig:
         0, "Train the random model this many steps on the agents' output formats with random numbers (not on "
         "answers), so its rewards vary and gradients flow in tests; 0 = pure random."
     )
-    prime_system: str = _f("math", "Whose output formats priming teaches: 'math' (boxed answers, approve/reject) "
-                           "or 'search' (yes/no routing, <search> queries, <answer> tags).")
+    prime_system: str = _f("math", "Whose output formats priming teaches: 'math' (boxed answers, approve/reject), "
+                           "'search' (yes/no routing, <search> queries, <answer> tags) or 'code' (a Python function "
+                           "in a ```python block, assert statements: examples/code_review).")
 
 
 @dataclass
@@ -226,6 +228,14 @@ class EvalConfig:
     max_questions: int = _f(0, "`drmas eval`: questions per benchmark (0: all).")
     benchmarks: dict[str, str] = _f(
         dict, "`drmas eval`: benchmark name -> problems file in the task's format (empty: the task's held-out split)."
+    )
+    interval: int = _f(
+        0,
+        "Evaluate the trained models every N versions during training (0: off): avg@k / pass@k of every "
+        "benchmark and the per-agent statistics, with the `drmas eval` settings (k, k_temperature, k_top_p, "
+        "benchmarks, max_questions; each evaluation runs questions x k episodes), to TensorBoard as eval/... at "
+        "the version measured and to evals.jsonl. Colocated: between steps; async: rollout 0 runs them beside "
+        "its training groups (see docs/outputs.md).",
     )
     resume: bool = _f(
         False,

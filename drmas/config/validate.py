@@ -20,6 +20,7 @@ from drmas.config.schema import (
     DTYPES,
     NORMALIZATIONS,
     PIPELINE_MODES,
+    PRIME_SYSTEMS,
     DrmasConfig,
     ModelConfig,
     OptimConfig,
@@ -35,8 +36,8 @@ def validate_config(cfg: DrmasConfig) -> None:
     _check_rollout_and_trainer(cfg, errors)
     _check_pipeline(cfg, errors)
     _check_retrieval(cfg, errors)
-    errors.extend(cfg.system.problems("system"))  # the chosen system's and task's own settings
-    errors.extend(cfg.task.problems("task"))
+    errors.extend(cfg.system.all_problems("system"))  # the chosen system's and task's own settings, and the
+    errors.extend(cfg.task.all_problems("task"))  # sections nested in them (a plugin's `system.sandbox`)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -77,8 +78,8 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
         _check_adapters(cfg, where, m, errors)
         if m.tiny.hidden_size % max(m.tiny.num_heads, 1) or m.tiny.hidden_size // max(m.tiny.num_heads, 1) < 32:
             errors.append(f"{where}.tiny: hidden_size / num_heads must be an integer >= 32")
-        if m.tiny.prime_system not in ("math", "search"):
-            errors.append(f"{where}.tiny.prime_system: {m.tiny.prime_system!r} is not one of math, search")
+        if m.tiny.prime_system not in PRIME_SYSTEMS:
+            errors.append(f"{where}.tiny.prime_system: {m.tiny.prime_system!r} is not one of {', '.join(PRIME_SYSTEMS)}")
 
 
 def _check_optim(where: str, optim: OptimConfig, errors: list[str]) -> None:
@@ -242,3 +243,5 @@ def _check_retrieval(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append(f"eval.k_top_p: must be in (0, 1], got {e.k_top_p}")
     if e.k_temperature < 0:
         errors.append(f"eval.k_temperature: must be >= 0, got {e.k_temperature}")
+    if e.interval < 0:
+        errors.append(f"eval.interval: must be >= 0 (0: no evaluation during training), got {e.interval}")

@@ -67,11 +67,14 @@ class AgentSpec:
 
 @dataclass
 class EpisodeRequest:
-    """One episode to run: which problem, which GRPO group it belongs to, its unique id."""
+    """One episode to run: which problem, which GRPO group it belongs to, its unique id. `agents` replaces
+    the runner's agent specs for this episode only (same models, other sampling): an evaluation's episodes
+    run in the same stream as training episodes (`drmas.evaluation.interval`)."""
 
     episode_id: str
     group_id: str
     problem: Problem
+    agents: Optional[Mapping[str, AgentSpec]] = None
 
 
 @dataclass
@@ -249,6 +252,9 @@ class EpisodeRunner:
     def _engine_key(self, item: _Live) -> str:
         return self.agents[item.turn.agent].engine_key
 
+    def _specs(self, item: _Live) -> Mapping[str, AgentSpec]:
+        return item.request.agents or self.agents
+
     def _submit_waiting(self, on_result: Callable[[EpisodeResult], None]) -> None:
         """Submit every waiting agent turn whose engine is not held; a turn the engine refuses (or whose
         messages cannot be encoded) is thrown into its episode."""
@@ -335,7 +341,7 @@ class EpisodeRunner:
 
     def _sampling(self, item: _Live) -> SamplingParams:
         """The agent's sampling, under the turn's own (`AgentTurn.sampling`), seeded per call with `seed`."""
-        params = self.agents[item.turn.agent].sampling
+        params = self._specs(item)[item.turn.agent].sampling
         own = dict(item.turn.sampling or {})
         if own:
             params = _overridden(params, own)
@@ -374,7 +380,7 @@ class EpisodeRunner:
                                      f"(its tools: {sorted(self.tools) or 'none'})")
             elif item.turn.agent not in self.agents:
                 raise ValueError(f"orchestra asked for agent {item.turn.agent!r} which is not configured")
-            elif self.agents[item.turn.agent].script is not None:
+            elif self._specs(item)[item.turn.agent].script is not None:
                 response = self._scripted(item)
                 continue
             live.append(item)
@@ -384,7 +390,7 @@ class EpisodeRunner:
         """The reply of a scripted agent to the turn `item` waits for, recorded as a call without a sample."""
         turn: AgentTurn = item.turn  # type: ignore[assignment]
         try:
-            text = self.agents[turn.agent].script(turn)  # type: ignore[misc]
+            text = self._specs(item)[turn.agent].script(turn)  # type: ignore[misc]
         except Exception as exc:
             raise RuntimeError(f"scripted agent {turn.agent!r} failed in episode {item.request.episode_id}: "
                                f"{type(exc).__name__}: {exc}") from exc

@@ -26,6 +26,10 @@ admission slot and its draw (drawn again) at once, and its other episodes are no
 credit the loop keeps taking weight pushes (aborting running requests if it must), so a full buffer never
 stalls a learner's push.
 
+With `eval.interval`, rollout 0 also evaluates the newest weights beside its training groups
+(`drmas.rollout.evaluations`): the evaluation's episodes share the stream and the engines, take weight pushes
+like every episode, and their results go to evals.jsonl, never to the buffer.
+
 Before the first group, the loop waits for the current weights of every trained model from its learner, so
 no sample is generated from weights that no learner vouches for (this also makes a rollout that joins late
 start on the current version).
@@ -46,6 +50,7 @@ from drmas import assembly
 from drmas.buffer import BufferProducer
 from drmas.config.schema import DrmasConfig
 from drmas.rollout.episodes import EpisodeRequest, EpisodeResult, EpisodeRunner
+from drmas.rollout.evaluations import StreamEvaluations
 from drmas.runtime.endpoints import learner_endpoint
 from drmas.runtime.metrics import MetricsWriter
 from drmas.runtime.netsec import client_keys
@@ -123,6 +128,9 @@ class RolloutWorker:
                                     cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds)
         self.group_size = cfg.rollout.group_size
         self.target_groups = groups_in_flight(cfg, len(self.engines))
+        self.samples_made = 0  # every sample generated, evaluation episodes' included
+        self.evaluations = (StreamEvaluations(cfg, task, self.orchestra.agents, self.target_groups)
+                            if cfg.eval.interval and index == 0 else None)
         self.open_groups: dict[str, _OpenGroup] = {}
         self.abandoned: set[str] = set()  # open groups not to send (a dropped episode; a buffer that restarted)
         self.abandoned_groups = 0
@@ -152,6 +160,8 @@ class RolloutWorker:
             assembly.close_orchestra(self.orchestra)
             self._report()
             self.writer.close()
+            if self.evaluations is not None:
+                self.evaluations.close()
             for receiver in self.receivers.values():
                 receiver.close()
             self.producer.close()
@@ -181,19 +191,28 @@ class RolloutWorker:
         self._poll_weights(can_wait=True)
         if time.monotonic() - self.meter.start >= self.cfg.pipeline.report_interval_s:
             self._report()
-        requests = self._admit_groups()
+        requests = self._admit_evaluation() + self._admit_groups()
         if not requests and not live:
             start = time.monotonic()
             self.stop.wait(_IDLE_SLICE_S)
             self.meter.idle_s += time.monotonic() - start
         return requests
 
+    def _admit_evaluation(self) -> list[EpisodeRequest]:
+        """eval.interval: an evaluation's episodes, into the group slots free now (the buffer grants none:
+        they never go there)."""
+        if self.evaluations is None or not self.receivers:
+            return []
+        version = min(self.targets[m].version for m in self.receivers)
+        free = self.target_groups - len(self.open_groups) - self.evaluations.slots
+        return self.evaluations.admit(version, free)
+
     def _admit_groups(self) -> list[EpisodeRequest]:
-        wanted = self.target_groups - len(self.open_groups)
+        wanted = self.target_groups - len(self.open_groups) - (self.evaluations.slots if self.evaluations else 0)
         if wanted <= 0 or time.monotonic() < self._next_admission:
             return []
         try:
-            fresh = self.producer.request_admission(wanted - len(self._deferred))
+            fresh = self.producer.request_admission(max(0, wanted - len(self._deferred)))  # eval slots may shrink wanted
         except TimeoutError as exc:
             log.warning("%s; retrying", exc)
             fresh = []
@@ -243,6 +262,10 @@ class RolloutWorker:
     def _publish(self, result: EpisodeResult) -> None:
         """Send a finished episode (its trained agents' samples, the other calls' rewards) to the buffer, waiting
         for credit if needed. The other rewards keep its trajectory score that of the colocated loop."""
+        self.samples_made += len(result.samples)
+        self.meter.tokens += sum(len(s.response_ids) for s in result.samples)
+        if self.evaluations is not None and self.evaluations.take(result):
+            return  # an evaluation episode: recorded there, never sent to the buffer
         group_id = result.request.group_id
         group = self.open_groups[group_id]
         group.remaining -= 1
@@ -251,7 +274,6 @@ class RolloutWorker:
         if result.outcome.dropped:
             self._drop(result, group_id, group)
         else:
-            self.meter.tokens += sum(len(s.response_ids) for s in result.samples)
             self.meter.episodes += 1
         if self._abandoned(group_id, group):
             return
@@ -330,8 +352,12 @@ class RolloutWorker:
             "rollout/buffer_restarts": float(self.producer.buffer_restarts),
             "rollout/lost_episodes": float(self.producer.lost_episodes),
             "rollout/dropped_episodes": float(self.dropped_episodes),
+            "rollout/samples_made": float(self.samples_made),
             **(self.orchestra.metrics() if hasattr(self.orchestra, "metrics") else {}),
         }
+        if self.evaluations is not None:
+            scalars["rollout/eval_samples"] = float(self.evaluations.samples)
+            scalars["rollout/eval_episodes"] = float(self.evaluations.episodes)
         for model, target in {**self.engines, **self.targets}.items():  # frozen models: their engine's (0)
             scalars[f"version/{model}"] = float(target.version)
         for model in self.receivers:
