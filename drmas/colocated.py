@@ -67,7 +67,8 @@ class ColocatedRun:
                 model, tokenizer = load_model(path, dtype=mcfg.dtype)
                 model.to(resolve_device(mcfg.device, f"models.{model_id}.device"))
                 weights = {n: self.cfg.agents[n].loss_weight for n in agents}
-                self.trainers[model_id] = PolicyTrainer(model_id, model, mcfg.optim, self.cfg.algorithm, weights)
+                self.trainers[model_id] = PolicyTrainer(model_id, model, mcfg.optim, self.cfg.algorithm, weights,
+                                                        activation_checkpointing=mcfg.activation_checkpointing)
                 self.tokenizers[model_id] = tokenizer
 
     # ---- checkpoints -------------------------------------------------------------------------------

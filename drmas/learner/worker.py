@@ -68,7 +68,8 @@ def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device)
     model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype)
     model.to(device)
     weights = {a: cfg.agents[a].loss_weight for a in assembly.trained_agents(cfg, model_id)}
-    return PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks), tokenizer
+    return PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks,
+                         activation_checkpointing=mcfg.activation_checkpointing), tokenizer
 
 
 class UpdateFailed(RuntimeError):
