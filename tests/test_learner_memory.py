@@ -9,6 +9,10 @@ response positions through the head, padded micro-batches with accumulated gradi
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -114,3 +118,32 @@ def test_checkpointed_layers_are_recomputed_in_the_backward(tiny_model_dir):
                         activation_checkpointing=False)
     assert (_layer_runs(on, ids), _layer_runs(off, ids)) == (2 * layers, layers)
 
+
+HEAP_PROBE = """
+import sys, torch
+from drmas.learner.heap import map_large_blocks
+taken = map_large_blocks(int(sys.argv[1]))
+def rss():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+big = torch.ones(16 << 18); del big  # freeing a 16 MB mapping raises glibc's threshold past 2 MB
+before = rss()
+blocks = [torch.ones(2 << 18) for _ in range(50)]  # 100 MB of 2 MB tensors, as a training pass makes them
+pin = torch.ones(1000)  # a later small allocation: the heap cannot shrink below it
+del blocks
+print(taken, (rss() - before) / 1e6)
+"""
+
+
+def _kept_after_free(threshold_kb: int) -> tuple[bool, float]:
+    """(setting taken, MB still resident after 100 MB of 2 MB tensors were freed) in a fresh process."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    out = subprocess.run([sys.executable, "-c", HEAP_PROBE, str(threshold_kb)], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    return out[0] == "True", float(out[1])
+
+
+def test_mapped_large_blocks_return_freed_tensor_memory_to_the_system():
+    """models.<id>.heap_mmap_threshold_kb: with glibc's default the freed tensors stay resident; with the
+    learner's setting (1 MiB) they are given back at once."""
+    assert _kept_after_free(0) == (False, pytest.approx(100, abs=15))
+    assert _kept_after_free(1024) == (True, pytest.approx(0, abs=15))

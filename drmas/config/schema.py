@@ -85,6 +85,12 @@ class ModelConfig:
         "layer's from the forward (PyTorch activation checkpointing). Keeps the learner's memory near its weights, "
         "gradients and AdamW state (SmolLM2-135M, 8 samples of 280 tokens: 4 GB of activations per micro-batch "
         "without it) for about one more forward pass per micro-batch. false: faster where memory is plentiful.")
+    heap_mmap_threshold_kb: int = _f(
+        1024, "Learner process (glibc): memory blocks of at least this many KiB get a mapping of their own, returned "
+        "to the system when freed, so the process's resident memory follows its live tensors (glibc's default "
+        "keeps freed training tensors in its heap: SmolLM2-135M's learner peaked 1.3-2.3 GB higher, see "
+        "docs/memory.md). Costs page faults, about a quarter more CPU per update on CPU. 0: glibc's default. "
+        "At most 32768; the MALLOC_MMAP_THRESHOLD_ environment variable, when set, wins.")
     optim: OptimConfig = _f(OptimConfig, "Optimizer of this model.")
 
 

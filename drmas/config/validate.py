@@ -10,6 +10,7 @@ from drmas.config.schema import DrmasConfig
 from drmas.devices import DEVICE_SPEC
 from drmas.launch import LAUNCHERS
 from drmas.launch.gpus import check_plan
+from drmas.learner.heap import MAX_THRESHOLD_KB
 
 NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -50,6 +51,9 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
             errors.append(f"{where}.dtype: {m.dtype!r} is not one of {', '.join(DTYPES)}")
         if m.collective_timeout_s <= 0:
             errors.append(f"{where}.collective_timeout_s: must be > 0, got {m.collective_timeout_s}")
+        if not 0 <= m.heap_mmap_threshold_kb <= MAX_THRESHOLD_KB:
+            errors.append(f"{where}.heap_mmap_threshold_kb: must be in [0, {MAX_THRESHOLD_KB}], got "
+                          f"{m.heap_mmap_threshold_kb}")
         if m.ranks < 1:
             errors.append(f"{where}.ranks: must be >= 1, got {m.ranks}")
         elif m.ranks > 1 and cfg.pipeline.mode != "async":

@@ -37,6 +37,7 @@ from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.endpoints import learner_address
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
+from drmas.learner.heap import map_large_blocks
 from drmas.learner.policy import PolicyTrainer
 from drmas.learner.rank_group import BatchFanout, failure_reports, learner_ranks
 from drmas.learner.running_stats import AgentRewardStats
@@ -61,10 +62,12 @@ def precision(device: torch.device, model: torch.nn.Module) -> str:
 
 
 def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device):
-    """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one)."""
+    """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one); first
+    sets this process's heap up for training (`drmas.learner.heap`)."""
     from drmas.models import load_model
 
     mcfg = cfg.models[model_id]
+    map_large_blocks(mcfg.heap_mmap_threshold_kb)
     model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype)
     model.to(device)
     weights = {a: cfg.agents[a].loss_weight for a in assembly.trained_agents(cfg, model_id)}
