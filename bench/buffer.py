@@ -46,7 +46,7 @@ DESCRIPTIONS = {"10KiB": "10 KiB samples: 1792 token ids, 768 log-probs",
 def make_episodes(n_episodes: int, shape: tuple[int, int], seed: int = 0) -> list[tuple[str, str, list]]:
     """(group_id, episode_id, samples) per episode; built in each process, outside the timed part. The
     arrays are handed over as lists, so the same script measures a checkout from before packed samples."""
-    from drmas.protocol import Sample
+    from drmas.core.sample import Sample
 
     rng = random.Random(seed)
     n_prompt, n_response = shape

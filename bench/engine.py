@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from drmas.config.schema import TinyModelConfig  # noqa: E402
 from drmas.engines.base import SamplingParams  # noqa: E402
 from drmas.engines.embedded import EmbeddedEngine  # noqa: E402
-from drmas.models import build_tiny_model, import_smollm2, load_model  # noqa: E402
+from drmas.models.loading import build_tiny_model, import_smollm2, load_model  # noqa: E402
 
 _QUESTIONS = [
     "What is {a} + {b}?",
@@ -54,12 +54,13 @@ def make_prompts(tokenizer, batch: int) -> list[list[int]]:
     return prompts
 
 
-def hf_generate_fn(model, tokenizer, prompts: list[list[int]], args) -> Callable[[], int]:
-    """A closure running ``model.generate()`` on the left-padded batch; returns the tokens it generated."""
+def hf_generate_fn(model, tokenizer, prompts: list[list[int]], args, device=None) -> Callable[[], int]:
+    """A closure running ``model.generate()`` on the left-padded batch (on `device`, the model's); returns the
+    tokens it generated."""
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
 
     def run() -> int:
         with torch.inference_mode():

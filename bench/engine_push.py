@@ -25,10 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drmas.config.schema import TinyModelConfig  # noqa: E402
+from drmas.config.weights import WeightSyncConfig  # noqa: E402
 from drmas.engines.base import SamplingParams  # noqa: E402
 from drmas.engines.logprobs import sequence_logprobs  # noqa: E402
-from drmas.models import build_tiny_model, import_smollm2, load_model  # noqa: E402
-from drmas.weights import WeightReceiver, WeightSender, WeightSyncConfig  # noqa: E402
+from drmas.models.loading import build_tiny_model, import_smollm2, load_model  # noqa: E402
+from drmas.weights import WeightReceiver, WeightSender  # noqa: E402
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 

@@ -34,7 +34,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from drmas.weights import WeightReceiver, WeightSender, WeightSyncConfig  # noqa: E402
+from drmas.config.weights import WeightSyncConfig  # noqa: E402
+from drmas.weights import WeightReceiver, WeightSender  # noqa: E402
 
 ROLLOUTS = (1, 2, 4)
 

@@ -39,12 +39,12 @@ from drmas.buffer.framing import (  # noqa: E402
     open_group,
 )
 from drmas.config.schema import AlgorithmConfig, OptimConfig, TinyModelConfig  # noqa: E402
+from drmas.core.sample import Sample, encode_sample  # noqa: E402
 from drmas.learner.batch import group_advantages  # noqa: E402
 from drmas.learner.collate import left_padded, response_logprobs  # noqa: E402
 from drmas.learner.policy import PolicyTrainer  # noqa: E402
 from drmas.learner.running_stats import AgentRewardStats  # noqa: E402
-from drmas.models import build_tiny_model, import_smollm2, load_model  # noqa: E402
-from drmas.protocol import Sample, encode_sample  # noqa: E402
+from drmas.models.loading import build_tiny_model, import_smollm2, load_model  # noqa: E402
 
 
 def make_batch_frames(model, args, seed: int = 0) -> list[bytes]:

@@ -8,7 +8,7 @@ Both sides take the same `PolicyTrainer.update` on the same global batch (`--gro
 `bench/learner.py`, advantages computed once): 1 process with `--threads` intra-op threads, against `--ranks`
 spawned ranks (gloo on CPU, the torchrun environment a learner of `models.<id>.ranks` gets) with
 `--threads / --ranks` threads each, so both use the same cores. Each rank deals itself its share of the batch
-and sums gradients with the others (`drmas.learner.sharding`). One warm-up update, then the median of
+and sums gradients with the others (`drmas.learner.ranks.sharding`). One warm-up update, then the median of
 `--reps`; printed as `ranks{N}/ranks1 = X.XXx` (tokens/s). On a CPU box of 2 cores expect little or a loss:
 the ranks add all-gathers and reduce-scatters and split the same cores; the gain comes from more devices.
 """
@@ -35,14 +35,14 @@ from drmas.buffer.framing import decode_client_reply, open_group  # noqa: E402
 from drmas.config.schema import AlgorithmConfig, OptimConfig, TinyModelConfig  # noqa: E402
 from drmas.learner.batch import group_advantages  # noqa: E402
 from drmas.learner.running_stats import AgentRewardStats  # noqa: E402
-from drmas.models import build_tiny_model, import_smollm2, load_model  # noqa: E402
+from drmas.models.loading import build_tiny_model, import_smollm2, load_model  # noqa: E402
 
 
 def _rank_main(rank: int, size: int, port: int, model_dir: str, data: list[bytes], micro: int, threads: int, reps: int,
                out: str) -> None:
     from drmas.learner.policy import PolicyTrainer
-    from drmas.learner.ranks import SingleRank
-    from drmas.learner.sharding import ShardedRanks, init_ranks
+    from drmas.learner.ranks.sharding import ShardedRanks, init_ranks
+    from drmas.learner.ranks.single import SingleRank
 
     torch.set_num_threads(threads)
     if size > 1:

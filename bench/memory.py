@@ -142,12 +142,11 @@ def record_samples(config: str, updates: int, out: Path) -> None:
     import torch
 
     from drmas import assembly
-    from drmas.config.load import load_config
-    from drmas.protocol import encode_sample
+    from drmas.core.sample import encode_sample
     from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
     from drmas.tasks.sampler import ProblemSampler
 
-    cfg = load_config(ROOT / config)
+    cfg = assembly.load_config(ROOT / config)
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
     task = assembly.build_task(cfg)
@@ -170,7 +169,7 @@ def record_samples(config: str, updates: int, out: Path) -> None:
 def load_samples(path: Path):
     import msgspec
 
-    from drmas.protocol import decode_sample
+    from drmas.core.sample import decode_sample
 
     return [[decode_sample(s) for s in step] for step in msgspec.msgpack.decode(path.read_bytes())]
 
@@ -199,14 +198,13 @@ def measure_learner(config: str, samples_file: Path, out_dir: Path, overrides: l
         import torch
 
         from drmas import assembly
-        from drmas.config.load import load_config
         from drmas.learner.advantage import step_advantages
-        from drmas.learner.rank_group import BatchFanout
-        from drmas.learner.ranks import SingleRank
+        from drmas.learner.ranks.group import BatchFanout
+        from drmas.learner.ranks.single import SingleRank
         from drmas.learner.running_stats import AgentRewardStats
         from drmas.learner.worker import trained_policy
         from drmas.weights import WeightSender
-    cfg = load_config(ROOT / config, overrides)
+    cfg = assembly.load_config(ROOT / config, overrides)
     (model_id,) = assembly.trained_models(cfg)
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
@@ -258,9 +256,8 @@ def measure_eval(config: str, problems: int, overrides: list[str]) -> dict:
     phases = Phases()
     with phases.phase("import"):
         from drmas import assembly
-        from drmas.config.load import load_config
         from drmas.evaluation.async_heldout import heldout_of_models
-    cfg = load_config(ROOT / config, [*overrides, *([f"eval.n_problems={problems}"] if problems else [])])
+    cfg = assembly.load_config(ROOT / config, [*overrides, *([f"eval.n_problems={problems}"] if problems else [])])
     task = assembly.build_task(cfg)
     with phases.phase("evaluation before training"):
         heldout_of_models(cfg, "before", None, task)

@@ -29,7 +29,8 @@ workflow with SmolLM2-135M-Instruct as both models (two copies, two optimisers):
     python bench/stability.py --replot runs/stability [--png docs/stability.png]   # table + plot from the JSON
 
 Extra `key=value` arguments override the config of every run. Runs go to OUT/<mode>/seed<N>/ (metrics.jsonl,
-TensorBoard); the figures to OUT/stability.json and OUT/stability.md (also printed) and the plot.
+TensorBoard); the figures to OUT/stability.json and OUT/stability.md (also printed) and the plot (OUT/stability.png;
+needs matplotlib, the `bench` extra: without it the figures still come out, and one line says how to get it).
 """
 
 from __future__ import annotations
@@ -48,8 +49,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stability_stats import (measured_second_moment, over_seeds, predicted_second_moment,  # noqa: E402
-                             set_view, spike_share)
+from stability_stats import measured_second_moment, over_seeds, predicted_second_moment, set_view, spike_share  # noqa: E402
 
 MODES = ("agent", "global", "step_global")
 SETTINGS = {
@@ -96,7 +96,7 @@ def train_one(config: str, mode: str, seed: int, steps: int, overrides: list[str
     """Train one (mode, seed) run colocated and return its figures and per-step series."""
     from drmas.colocated import ColocatedRun
     from drmas.config import load_config
-    from drmas.metrics import read_metrics
+    from drmas.runtime.metrics import read_metrics
 
     cfg = load_config(config, [*overrides, f"algorithm.normalization={mode}", f"trainer.seed={seed}",
                                f"trainer.steps={steps}", f"trainer.output_dir={out}", "trainer.overwrite=true",
@@ -219,8 +219,8 @@ def write_outputs(result: dict, out: Path, png: Path | None) -> None:
     if png is not None:
         from stability_plot import plot
 
-        plot(result, png)
-        print(f"\nplot: {png}")
+        if plot(result, png):  # without matplotlib: one line on how to get it; the figures above stand
+            print(f"\nplot: {png}")
 
 
 def main() -> None:

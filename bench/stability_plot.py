@@ -8,7 +8,8 @@ row 3 the training reward per step (all modes in one panel, 10-step moving avera
 held-out accuracy before and after training per mode, and each agent's calls per step (an agent called only
 in some episodes is called less as the others improve).
 
-Needs matplotlib, which is not a dependency of drmas itself.
+Needs matplotlib (the `bench` extra, not a dependency of drmas itself); without it `plot` says so in one line
+and the benchmark's JSON and table are written all the same.
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ def _stack(runs: list[dict], *keys: str) -> np.ndarray:
     return np.vstack([s[:length] for s in series])
 
 
-def plot(result: dict, png: str | Path) -> None:
-    import matplotlib
+def plot(result: dict, png: str | Path) -> bool:
+    """Draw the figure to `png`; False (after one line saying how to get matplotlib) when it is not installed."""
+    from drmas.runtime.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot(f"the plot {png}")
+    if plt is None:
+        return False
     modes = list(result["summary"])
     runs = result["runs"]
     fig, axes = plt.subplots(3, len(modes), figsize=(5 * len(modes), 11), squeeze=False)
@@ -115,3 +117,4 @@ def plot(result: dict, png: str | Path) -> None:
     Path(png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
     plt.close(fig)
+    return True

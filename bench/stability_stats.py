@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from drmas.metrics import spike_summary
+from drmas.runtime.metrics import spike_summary
 
 
 @dataclass
@@ -128,7 +128,8 @@ def predicted_second_moment(agents: Sequence[str], view: SetView) -> dict[str, d
 
 def spike_share(values: Sequence[float], factor: float = 3.0) -> dict[str, float]:
     """Median, max, and the share of steps (from the second on) whose value is above `factor` x the median
-    of all steps before it (drmas.metrics.spike_summary's count, as a share so runs of any length compare)."""
+    of the non-zero steps before it (drmas.runtime.metrics.spike_summary's count, as a share so runs of any
+    length compare)."""
     summary = spike_summary(list(values), factor)
     finite = sum(1 for v in values if math.isfinite(v))
     share = summary["spikes"] / (finite - 1) if finite > 1 else math.nan

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from drmas.metrics import read_metrics
+from drmas.runtime.metrics import read_metrics
 
 
 def run(config: str, staleness: int, steps: int, overrides: list[str], out: Path) -> dict:

@@ -8,7 +8,7 @@ Two FSDP2 ranks (gloo, spawned with the torchrun environment) hold the model; on
 `WeightReceiver` that reads every tensor it is given) joins rank 0's `WeightSender`. Rank 0 then pushes
 twice, measuring each push alone:
 1. **streamed**: `sender.push(source)` with the learner's `GatheredWeights` source: every parameter is
-   gathered when the push packs it and let go of afterwards (`drmas.learner.gathered`);
+   gathered when the push packs it and let go of afterwards (`drmas.learner.ranks.gathered`);
 2. **whole copy** (what the learner did before): every parameter gathered into one list, then pushed.
 Printed per push: the largest total of gathered bytes alive at once (counted by the source; for the copy,
 the list's bytes), the rise of rank 0's resident memory above its level before the push (sampled every
@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drmas.config.schema import TinyModelConfig  # noqa: E402
-from drmas.models import build_tiny_model, import_smollm2, load_model  # noqa: E402
+from drmas.models.loading import build_tiny_model, import_smollm2, load_model  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -67,6 +67,7 @@ class RssPeak:
 
 
 def _receiver_main(endpoint: str) -> None:
+    from drmas.config.weights import WeightSyncConfig
     from drmas.weights import WeightReceiver
 
     torch.set_num_threads(1)
@@ -75,7 +76,7 @@ def _receiver_main(endpoint: str) -> None:
         for _, tensor in named:
             tensor.sum()  # read it, as an engine's load would
 
-    WeightReceiver(endpoint, "bench", apply, timeout_s=120, background=True).start()
+    WeightReceiver(endpoint, "bench", apply, config=WeightSyncConfig(timeout_s=120), background=True).start()
     while True:
         time.sleep(1)
 
@@ -85,10 +86,11 @@ def _rank_main(rank: int, size: int, port: int, model_dir: str, ports: tuple[int
     import torch.distributed as dist
 
     from drmas.config.schema import AlgorithmConfig, OptimConfig
+    from drmas.config.weights import WeightSyncConfig
     from drmas.learner.policy import PolicyTrainer
-    from drmas.learner.rank_group import BatchFanout, follow
-    from drmas.learner.sharding import ShardedRanks, init_ranks
-    from drmas.weights import WeightSender, WeightSyncConfig
+    from drmas.learner.ranks.group import BatchFanout, follow
+    from drmas.learner.ranks.sharding import ShardedRanks, init_ranks
+    from drmas.weights import WeightSender
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
     torch.set_num_threads(1)

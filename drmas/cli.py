@@ -1,12 +1,13 @@
 """The `drmas` command line: `drmas run`, `drmas eval`, `drmas retriever serve`, `drmas config show|keys`,
-`drmas keys`, `drmas rollouts add|remove`."""
+`drmas keys`, `drmas rollouts add|remove`, `drmas new-system`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from drmas.config import ConfigError, iter_help, load_config, to_yaml
+from drmas.config import ConfigError, iter_help, to_yaml
+from drmas.runtime.process import quiet_progress_bars
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -25,13 +26,17 @@ def build_parser() -> argparse.ArgumentParser:
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     show = cfg_sub.add_parser("show", help="print the resolved config")
     _add_config_args(show)
-    cfg_sub.add_parser("keys", help="list every config key with its default and help text")
+    keys = cfg_sub.add_parser("keys", help="list every config key with its default and help text (the settings of "
+                              "every registered system and task; with --config, its plugins' too)")
+    _add_config_args(keys)
     from drmas.evaluation.command import add_parser as add_eval_parser
-    from drmas.keys import add_parser as add_keys_parser
     from drmas.launch.elastic import add_parser as add_rollouts_parser
     from drmas.retrieval.cli import add_parser as add_retriever_parser
+    from drmas.runtime.keys import add_parser as add_keys_parser
+    from drmas.scaffold import add_parser as add_new_system_parser
 
     add_eval_parser(sub)
+    add_new_system_parser(sub)
     add_retriever_parser(sub)
     add_keys_parser(sub)
     add_rollouts_parser(sub)
@@ -40,13 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_progress_bars()  # output to a file or a pipe: no bars (each update would be a line)
     if getattr(args, "func", None) is not None:  # sub-commands that own their arguments
         return args.func(args)
     try:
         if args.command == "config" and args.config_command == "keys":
+            from drmas.assembly import load_plugins
+
+            load_plugins(args.config, args.overrides)  # their systems' and tasks' settings are listed too
             for key, default, text in iter_help():
                 print(f"{key} = {default}\n    {text}")
             return 0
+        from drmas.assembly import load_config
+
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(f"drmas: config error: {exc}", file=sys.stderr)
@@ -63,14 +74,22 @@ def _run(cfg) -> int:
 
         return launch(cfg)
     from drmas.colocated import ColocatedRun
-    from drmas.report import print_summary
+    from drmas.runtime.report import print_summary
 
     try:
         run = ColocatedRun(cfg)
     except (FileNotFoundError, ValueError) as exc:
         print(f"drmas: {exc}", file=sys.stderr)
         return 2
-    summary = run.run()
+    except KeyboardInterrupt:  # Ctrl-C while the models are built: nothing to save yet
+        print("drmas: interrupted before training started", file=sys.stderr)
+        return 130
+    try:
+        summary = run.run()  # a signal stops it cleanly (saved, exit 0); a second one lands here
+    except KeyboardInterrupt:
+        print(f"drmas: stopped at once by a second signal, at step {run.step}; the last complete checkpoint is "
+              f"{'none' if run.saved_step is None else f'step {run.saved_step}'}", file=sys.stderr)
+        return 130
     print_summary(summary, cfg)
     return 0
 

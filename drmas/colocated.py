@@ -4,6 +4,12 @@ It wires the same components the asynchronous pipeline uses (episode runner, age
 per-model PolicyTrainer, engine.load_weights) so the two modes differ only in transport. The engine keeps
 its own copy of each model and receives the trainer's weights after every update, exactly as a remote
 rollout engine would.
+
+A signal (Ctrl-C, SIGTERM) stops the run as it stops a pipeline process (`drmas.runtime.process.StopFlag`):
+the step in progress is abandoned at its next safe point (between engine steps of its rollout, or between
+forward passes before its first optimizer step; as if it had never started: its problems and the running
+statistics are given back) or, past that point, finished; then the run saves its checkpoint, says where and
+exits 0. A checkpoint being written when the signal comes is finished first. A second signal stops at once.
 """
 
 from __future__ import annotations
@@ -15,27 +21,34 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from drmas import assembly, checkpoint
+from drmas import assembly
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
-from drmas.devices import resolve_device
+from drmas.core.sample import Sample
 from drmas.evaluation import heldout_accuracy
 from drmas.learner.advantage import step_advantages
-from drmas.learner.policy import PolicyTrainer
+from drmas.learner.policy import PolicyTrainer, UpdateStopped
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars
-from drmas.metrics import MetricsWriter, agent_line, spike_summary
-from drmas.protocol import Sample
+from drmas.models import checkpoint
+from drmas.models.devices import resolve_device
 from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
-from drmas.run_dir import claim_output_dir
+from drmas.runtime.metrics import MetricsWriter, agent_line, spike_summary
+from drmas.runtime.process import StopFlag, progress_bars_on
+from drmas.runtime.run_dir import check_output_dir, claim_output_dir
 from drmas.tasks.sampler import ProblemSampler
+
+
+class StepAbandoned(Exception):
+    """A signal came before the step (or the held-out evaluation) in progress reached a point of no return."""
 
 
 class ColocatedRun:
     def __init__(self, cfg: DrmasConfig, log=print) -> None:
         self.cfg = cfg
         self.log = log
-        self.out = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
+        check_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)  # claimed once all else is
+        assembly.require_packages(cfg)
         if cfg.trainer.threads > 0:
             torch.set_num_threads(cfg.trainer.threads)
         checkpoint.seed_everything(cfg.trainer.seed)
@@ -46,28 +59,33 @@ class ColocatedRun:
         self.engines, self.trainers, self.tokenizers = {}, {}, {}
         self._build_models()
         seed = cfg.trainer.seed
+        self.stop: StopFlag | None = None  # set while `run` runs: the signals' flag
         self.runner = EpisodeRunner(self.orchestra, self.engines, assembly.agent_specs(cfg),
-                                    cfg.algorithm.invalid_penalty, seed=seed)
+                                    cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds)
         self.eval_runner = EpisodeRunner(self.orchestra, self.engines,
                                          assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
-                                         cfg.algorithm.invalid_penalty, seed=seed)
+                                         cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds)
+        # built and checked (data files, models, devices): only now is the directory claimed, so a refused run
+        # leaves nothing that would refuse the corrected command (nor deleted the old run for trainer.overwrite)
+        self.out = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
         self.step = 0
         self.saved_step: int | None = None  # step of the newest checkpoint written or resumed from
         self.history: dict[str, list[float]] = defaultdict(list)
         self.accuracy: dict[str, float] = {}
 
     def _build_models(self) -> None:
-        from drmas.models import load_model
+        from drmas.models.loading import compute_dtype, load_model, torch_dtype
 
         for model_id, mcfg in self.cfg.models.items():
             path = assembly.model_path(self.cfg, model_id)
             self.engines[model_id] = assembly.build_engine(self.cfg, model_id, path, self.cfg.trainer.seed)
             agents = assembly.trained_agents(self.cfg, model_id)
             if mcfg.trainable and agents:
-                model, tokenizer = load_model(path, dtype=mcfg.dtype)
-                model.to(resolve_device(mcfg.device, f"models.{model_id}.device"))
+                device = resolve_device(mcfg.device, f"models.{model_id}.device")
+                model, tokenizer = load_model(path, dtype=mcfg.dtype, device=device)
                 weights = {n: self.cfg.agents[n].loss_weight for n in agents}
                 self.trainers[model_id] = PolicyTrainer(model_id, model, mcfg.optim, self.cfg.algorithm, weights,
+                                                        compute_dtype=torch_dtype(compute_dtype(mcfg)),
                                                         activation_checkpointing=mcfg.activation_checkpointing)
                 self.tokenizers[model_id] = tokenizer
 
@@ -83,6 +101,7 @@ class ColocatedRun:
         return path
 
     def resume(self) -> bool:
+        self.log(checkpoint.resume_line(self.out))  # which checkpoint, which torn ones are skipped, or none
         ckpt = checkpoint.latest_checkpoint(self.out)
         if ckpt is None:
             return False
@@ -100,37 +119,84 @@ class ColocatedRun:
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self) -> dict:
+        """Train to `trainer.steps` (or until a signal); returns the summary (`stopped`: the signal's name)."""
+        self.stop = StopFlag()
+        try:
+            return self._run()
+        finally:
+            self.stop.restore()
+
+    def _run(self) -> dict:
         cfg = self.cfg
         (self.out / "config.yaml").write_text(to_yaml(cfg))
         resumed = cfg.trainer.resume and self.resume()
-        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard)
+        # a resumed run logs the steps after its checkpoint again: never twice (see MetricsWriter)
+        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard,
+                               resumed_at=self.step if cfg.trainer.resume else None)
         test = list(self.task.split("test"))[: cfg.eval.n_problems]
-        if not resumed and test:
-            self.accuracy["before"] = heldout_accuracy(self.eval_runner, test, "before")["accuracy"]
-            writer.log(self.step, {"eval/accuracy_before": self.accuracy["before"]})
-            self.log(f"held-out accuracy before training: {self.accuracy['before']:.3f} ({len(test)} problems)")
+        try:
+            if not resumed and test:
+                self.accuracy["before"] = heldout_accuracy(self.eval_runner, test, "before")["accuracy"]
+                writer.log(self.step, {"eval/accuracy_before": self.accuracy["before"]})
+                self.log(f"held-out accuracy before training: {self.accuracy['before']:.3f} ({len(test)} problems)")
+            self._train(writer)
+            if test and not self.stop.is_set():
+                self.accuracy["after"] = heldout_accuracy(self.eval_runner, test, "after")["accuracy"]
+                writer.log(self.step, {"eval/accuracy_after": self.accuracy["after"]})
+        except StepAbandoned:
+            pass  # a signal: the held-out evaluation in progress is dropped, the run saves below
+        writer.close()
+        if self.trainers and self.saved_step != self.step and self.step > 0:
+            self.save()
+        if self.stop.is_set():
+            self.log(self._stopped_line())
+        return self.summary()
+
+    def _train(self, writer: MetricsWriter) -> None:
+        cfg = self.cfg
         bar = _progress(cfg, initial=self.step)
         try:
-            while self.step < cfg.trainer.steps:
-                scalars, hists = self.train_step()
+            while self.step < cfg.trainer.steps and not self.stop.is_set():
+                try:
+                    scalars, hists = self.train_step()
+                except StepAbandoned:
+                    break
                 self.step += 1
                 writer.log(self.step, scalars, hists)
                 if cfg.logging.console_every and self.step % cfg.logging.console_every == 0:
-                    self.log(agent_line(self.step, scalars, list(cfg.agents), list(self.trainers)))
+                    speaking = [n for n, a in cfg.agents.items() if a.model]  # scripted agents make no samples
+                    self.log(agent_line(self.step, scalars, speaking, list(self.trainers)))
                 if cfg.trainer.checkpoint_interval and self.step % cfg.trainer.checkpoint_interval == 0:
                     self.save()
                 bar.update(1)
         finally:
             bar.close()
-        if test:
-            self.accuracy["after"] = heldout_accuracy(self.eval_runner, test, "after")["accuracy"]
-            writer.log(self.step, {"eval/accuracy_after": self.accuracy["after"]})
-        writer.close()
-        if self.trainers and self.saved_step != self.step:
-            self.save()
-        return self.summary()
+
+    def _stopped_line(self) -> str:
+        how = f"stopped by {self.stop.signal_name or 'request'} at step {self.step} of {self.cfg.trainer.steps}"
+        if not self.trainers or self.saved_step is None:
+            return f"{how}: nothing trained, nothing saved"
+        return (f"{how}: checkpoint {checkpoint.checkpoint_dir(self.out, self.saved_step)} saved; continue with "
+                f"trainer.resume=true")
+
+    def _between_rounds(self) -> None:
+        """The episode runners' hook between engine steps: where a signal abandons the rollout in progress."""
+        if self.stop is not None and self.stop.is_set():
+            raise StepAbandoned
 
     def train_step(self) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        """One step: rollout, advantages, one update per model, weights into the engines. StepAbandoned when a
+        signal came before the first model's optimizer step: nothing of the step is kept (its problems go back
+        to the sampler, the running statistics are as before), so a resume does the same step again."""
+        sampler, stats = self.sampler.state_dict(), self.stats.state_dict()
+        try:
+            return self._train_step()
+        except (StepAbandoned, UpdateStopped):
+            self.sampler.load_state_dict(sampler)
+            self.stats.load_state_dict(stats)
+            raise StepAbandoned from None
+
+    def _train_step(self) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         cfg, t0 = self.cfg, time.perf_counter()
         problems = self.sampler.next(cfg.rollout.prompts_per_step)
         requests = [
@@ -145,10 +211,14 @@ class ColocatedRun:
         scalars = agent_scalars(samples, adv)
         scalars.update(reward_stats_scalars(self.stats))
         scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results]))
+        committed = False  # once a model has taken its optimizer step, the step is finished, not abandoned
         for model_id, trainer in self.trainers.items():
             agents_of_model = set(assembly.trained_agents(cfg, model_id))
             idx = [i for i, s in enumerate(samples) if s.agent in agents_of_model]
-            scalars.update(trainer.update([samples[i] for i in idx], adv[idx]))
+            update = trainer.update([samples[i] for i in idx], adv[idx],
+                                    should_stop=None if committed else self.stop.is_set)
+            committed = committed or bool(update)
+            scalars.update(update)
         t_push = time.perf_counter()
         self._push_weights(version=self.step + 1)
         scalars["weight_sync/seconds"] = time.perf_counter() - t_push
@@ -168,6 +238,8 @@ class ColocatedRun:
 
     def summary(self) -> dict:
         out = {"steps": self.step, "accuracy": dict(self.accuracy), "reward_stats": agent_reward_stats(self.stats)}
+        if self.stop is not None and self.stop.is_set():
+            out["stopped"] = self.stop.signal_name or "request"
         for key, values in self.history.items():
             if key.startswith("grad_norm/") and key.count("/") == 1:
                 out[key] = spike_summary(values)
@@ -180,4 +252,4 @@ def _progress(cfg: DrmasConfig, initial: int):
     from tqdm import tqdm
 
     return tqdm(total=cfg.trainer.steps, initial=initial, desc="train", unit="step",
-                disable=not cfg.logging.progress_bar, leave=False)
+                disable=not progress_bars_on(cfg.logging.progress_bar), leave=False)

@@ -13,7 +13,7 @@ import zmq
 from drmas.buffer import BufferConfig, BufferConsumer, BufferProducer, TrajectoryBuffer
 from drmas.buffer.framing import decode_message
 from drmas.buffer.messages import Ack, Acks
-from drmas.protocol import Sample
+from drmas.core.sample import Sample
 
 AGENTS = {"solver": "m1", "verifier": "m2"}
 LOCAL = "tcp://127.0.0.1:0"

@@ -34,7 +34,7 @@ def drmas_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(drmas_cache: Path) -> Path:
     """The default tiny random model's HF directory (built once per session cache)."""
-    from drmas.models import build_tiny_model
+    from drmas.models.loading import build_tiny_model
 
     return build_tiny_model(TinyModelConfig())
 
@@ -42,6 +42,6 @@ def tiny_model_dir(drmas_cache: Path) -> Path:
 @pytest.fixture
 def tiny_model(tiny_model_dir: Path):
     """A freshly loaded ``(model, tokenizer)`` of the tiny model; per test, so tests may change its weights."""
-    from drmas.models import load_model
+    from drmas.models.loading import load_model
 
     return load_model(tiny_model_dir)

@@ -132,8 +132,8 @@ def test_step_advantages_keep_a_singletons_own_reward_out_of_its_baseline() -> N
     """The running statistics take a batch's rewards only after its advantages: a singleton's own reward in
     its baseline would pull the advantage towards 0 (here from -0.75 / 0.5 to -0.6 / 0.55)."""
     from drmas.config.schema import AlgorithmConfig
+    from drmas.core.sample import Sample
     from drmas.learner.advantage import step_advantages
-    from drmas.protocol import Sample
 
     stats = AgentRewardStats(window=0)
     stats.update(["solver"] * 4, [0.0, 1.0, 1.0, 1.0])  # mean 0.75, std 0.5

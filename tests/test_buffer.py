@@ -36,7 +36,7 @@ from drmas.buffer.messages import (
     Pull,
     encode_message,
 )
-from drmas.netsec import CurveClientKeys, CurveKeys, generate_keypair, is_local_endpoint
+from drmas.runtime.netsec import CurveClientKeys, CurveKeys, generate_keypair, is_local_endpoint
 
 # ---- grouping and delivery ------------------------------------------------------------------------
 
@@ -366,9 +366,9 @@ def test_non_loopback_bind_requires_curve() -> None:
 
 def test_config_is_validated_with_field_names() -> None:
     with pytest.raises(ValueError, match="capacity_samples"):
-        BufferConfig(capacity_samples=0).validate()
+        BufferConfig(capacity_samples=0).validate("buffer")
     with pytest.raises(ValueError, match="curve_authorized_keys_dir"):
-        BufferConfig(curve_server_secret_file="x").validate()
+        BufferConfig(curve_server_secret_file="x").validate("buffer")
     assert all(BufferConfig.help().values())
 
 

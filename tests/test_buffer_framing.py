@@ -14,7 +14,7 @@ from drmas.buffer.framing import (
     open_group,
 )
 from drmas.buffer.messages import AgentGroup, EpisodeMsg, GroupBatch, Pull, encode_message
-from drmas.protocol import Sample, encode_sample
+from drmas.core.sample import Sample, encode_sample
 
 
 def _sample(group: str, episode_id: str, n_prompt: int, n_response: int, seed: int) -> Sample:

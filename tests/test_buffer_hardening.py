@@ -81,6 +81,23 @@ def test_parts_of_a_finished_model_are_dropped_not_held(make_buffer, clients) ->
     assert [g.group_id for g in learner.pull(["solver"], max_groups=4)] == ["before", "after"]
 
 
+def test_a_new_learner_of_a_finished_model_reopens_it(make_buffer, clients) -> None:
+    """A long-running buffer, a learner that finished, and a new learner of the same model (to train further):
+    the new incarnation reopens the model, its groups are kept and delivered again and admission follows it."""
+    buf = make_buffer(groups_per_step={"m1": 1, "m2": 1}, max_staleness=1)
+    producer, learner = clients.producer(buf), clients.consumer(buf)
+    learner.report_version("m1", 3, "learner-of-m1", finished=True)
+    learner.report_version("m2", 3, "learner-of-m2", finished=True)
+    assert producer.request_admission(4) == 0  # nobody trains: nothing is admitted
+    learner.report_version("m2", 3, "learner-of-m2-again")  # resumed at its last version, more steps to go
+    assert producer.request_admission(4) > 0
+    send_group(producer, "after", 2, version=3)
+    producer.flush()
+    wait_until(lambda: buf.stats().depth.get("verifier") == 1)
+    assert [g.group_id for g in learner.pull(["verifier"], max_groups=1)] == ["after"]
+    assert buf.stats().dropped.get("model_finished", 0) == 2  # only m1's part: m1 is still finished
+
+
 # ---- poisoned samples (defect 2) -------------------------------------------------------------------
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tb_events import tensorboard_scalars
 
 from drmas.colocated import ColocatedRun
 from drmas.config import load_config
-from drmas.metrics import read_metrics
-from tb_events import tensorboard_scalars
+from drmas.runtime.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -48,7 +48,7 @@ def test_steps_change_weights_and_engine_follows(tmp_path):
 
 
 def test_running_reward_statistics_reach_tensorboard_and_the_summary(tmp_path, capsys):
-    from drmas.report import print_summary
+    from drmas.runtime.report import print_summary
 
     cfg = load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'run'}", "logging.tensorboard=true", "trainer.steps=2",
                               "eval.n_problems=0", "models.policy.tiny.prime_steps=0"])

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from drmas.cli import main
-from drmas.config import ConfigError, load_config
+from drmas.assembly import load_config
+from drmas.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -57,7 +58,7 @@ def test_wrong_type_names_key():
         ("system.name=chess", "system.name"),
         ("models.policy.builtin=gpt5", "models.policy.builtin"),
         ("agents.solver.top_p=1.5", "agents.solver.top_p"),
-        ("system.malformed_route=yes", "system.malformed_route"),
+        ("system.malformed_verdict=maybe", "system.malformed_verdict"),
         ("algorithm.singleton_clip=0", "algorithm.singleton_clip"),
         ("models.policy.collective_timeout_s=0", "models.policy.collective_timeout_s"),
         ("models.policy.heap_mmap_threshold_kb=65536", "models.policy.heap_mmap_threshold_kb"),
@@ -85,13 +86,20 @@ def test_cli_reports_config_error_before_work(capsys):
     assert "trainer.steps" in capsys.readouterr().err
 
 
+def test_cli_refuses_an_unregistered_launcher_before_any_process(capsys, tmp_path):
+    assert main(["run", "--config", str(SMOKE), "pipeline.mode=async", "pipeline.launcher=slurm",
+                 f"trainer.output_dir={tmp_path}/run"]) == 2
+    assert "pipeline.launcher: 'slurm' is not a registered launcher" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_cli_config_keys_lists_help():
     from drmas.config import iter_help
 
     rows = {key: text for key, _, text in iter_help()}
     assert "algorithm.normalization" in rows and "Dr. MAS" in rows["algorithm.normalization"]
     assert "agents.<agent>.model" in rows
-    # every section declares its fields with drmas.fields.help_field, wherever the section lives
+    # every section declares its fields with drmas.config.fields.help_field, wherever the section lives
     assert [key for key, text in rows.items() if not text.strip()] == []
     for key in ("pipeline.buffer.capacity_samples", "pipeline.restarts.max_restarts", "pipeline.ray.address",
                 "pipeline.gpus.learners", "retrieval.backend", "pipeline.weights.chunk_mb"):
@@ -132,7 +140,6 @@ def test_pipeline_sections_take_nested_overrides():
         ("pipeline.weights.timeout_s=0", "pipeline.weights.timeout_s"),
         ("pipeline.learner_ports={nope: 7000}", "pipeline.learner_ports.nope"),
         ("pipeline.learner_ports={policy: 70000}", "pipeline.learner_ports.policy"),
-        ("pipeline.launcher=slurm", "pipeline.launcher"),
         ("pipeline.launcher=ray", "pipeline.launcher=ray: launchers start the async pipeline"),
         ("pipeline.ray.host=everywhere", "pipeline.ray.host"),
         ("pipeline.ray.rollout_gpus=-1", "pipeline.ray.rollout_gpus"),
@@ -175,7 +182,6 @@ def test_path_may_override_a_shipped_builtin_but_a_model_needs_one_of_them(tmp_p
 
 def test_own_model_config_runs_on_a_model_given_by_path(tiny_model_dir):
     from drmas import assembly
-
     own = ROOT / "configs" / "own_model.yaml"
     assert "models.policy.path=" in own.read_text()  # the header says how to point it at a model
     cfg = load_config(own, [f"models.policy.path={tiny_model_dir}"])

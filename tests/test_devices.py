@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from drmas.config import ConfigError, load_config
-from drmas.devices import resolve_device, training_autocast
+from drmas.models.devices import compute_autocast, resolve_device
 from drmas.weights.transport import resolve_backend
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
@@ -25,8 +25,13 @@ def test_auto_means_cpu_here_and_a_gpu_request_is_refused_naming_the_key():
     assert resolve_backend("auto", torch.device("cpu")) == "gloo"
     with pytest.raises(ValueError, match="nccl"):
         resolve_backend("nccl", torch.device("cpu"))
-    with training_autocast(torch.device("cpu")):  # nothing is autocast on CPU
+    cpu = torch.device("cpu")
+    with compute_autocast(cpu, torch.float32, torch.float32):  # the default contract: plain float32
         assert not torch.is_autocast_enabled("cpu")
+    with compute_autocast(cpu, torch.bfloat16, torch.bfloat16):  # bfloat16 weights compute as they are
+        assert not torch.is_autocast_enabled("cpu")
+    with compute_autocast(cpu, torch.float32, torch.bfloat16):  # float32 master weights, bfloat16 passes
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
 def test_a_malformed_device_is_refused_at_config_time():
@@ -48,7 +53,7 @@ def test_a_run_asking_for_a_gpu_that_is_not_there_exits_with_a_message(tmp_path)
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_learner_ranks_beyond_the_machine_are_refused_naming_the_key():
-    from drmas.devices import check_ranks
+    from drmas.models.devices import check_ranks
 
     cores = len(os.sched_getaffinity(0))
     check_ranks("cpu", cores, "models.policy.ranks")  # one rank per core fits
@@ -60,7 +65,7 @@ def test_learner_ranks_beyond_the_machine_are_refused_naming_the_key():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_learner_ranks_over_several_nodes_need_only_this_nodes_share(monkeypatch):
-    from drmas.devices import check_ranks
+    from drmas.models.devices import check_ranks
 
     cores = len(os.sched_getaffinity(0))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))  # torchrun --nnodes 2 --nproc-per-node <cores>

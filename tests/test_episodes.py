@@ -177,3 +177,91 @@ def test_unknown_tool_is_an_error_naming_it():
 def test_a_tool_that_loses_results_is_an_error():
     with pytest.raises(RuntimeError, match="tool 'upper' returned 1 results for 2 requests"):
         _tool_runner(ScriptedEngine(), LookUpTwice(RecordingTool(short_by=1))).run(_requests(2))
+
+
+# --- per-turn rewards and scripted agents -----------------------------------------------------------------------
+
+
+class Judged:
+    """Episode: a, b, a (b's reply invalid), rewarded by whatever outcome fields the test gives."""
+
+    agents = ("a", "b")
+
+    def __init__(self, **outcome) -> None:
+        self.outcome = outcome
+
+    def run(self, problem):
+        turns = []
+        for agent, valid in (("a", True), ("b", False), ("a", True)):
+            text = yield AgentTurn(agent, [{"role": "user", "content": problem.question}])
+            turns.append(TurnResult(agent, text, valid))
+        return EpisodeOutcome(turns=turns, **{"reward": 1.0, **self.outcome})
+
+
+def _rewards(**outcome) -> list[float]:
+    specs = {a: AgentSpec("m", SamplingParams()) for a in ("a", "b")}
+    (result,) = EpisodeRunner(Judged(**outcome), {"m": ScriptedEngine()}, specs, invalid_penalty=0.1).run(_requests(1))
+    assert [s.episode_reward for s in result.samples] == [outcome.get("reward", 1.0)] * 3
+    return [s.reward for s in result.samples]
+
+
+def test_a_turn_takes_its_turn_reward_else_its_agents_else_the_episodes_minus_the_format_penalty():
+    assert _rewards() == [1.0, 0.9, 1.0]
+    assert _rewards(agent_rewards={"b": 0.0}) == [1.0, -0.1, 1.0]
+    assert _rewards(reward=0.0, agent_rewards={"a": 0.5}) == [0.5, -0.1, 0.5]
+    assert _rewards(agent_rewards={"a": 0.5}, turn_rewards=[0.25, None, None]) == [0.25, 0.9, 0.5]
+    assert _rewards(agent_rewards={"a": 0.5, "b": 0.5}, turn_rewards=[0.0, 2.0, -1.0]) == [0.0, 1.9, -1.0]
+
+
+@pytest.mark.parametrize(("outcome", "message"), [
+    ({"turn_rewards": [1.0, 1.0]}, "2 turn_rewards for 3 turns in episode e0"),
+    ({"agent_rewards": {"solver": 1.0}}, r"agent_rewards for \['solver'\] in episode e0, which are not agents"),
+    ({"turn_rewards": [1.0, float("nan"), 1.0]}, "not a finite number for turn 1 \\(b\\) in episode e0"),
+    ({"agent_rewards": {"a": "high"}}, "not a finite number for turn 0 \\(a\\)"),
+])
+def test_rewards_that_cannot_be_trained_on_are_refused_naming_the_episode(outcome, message):
+    with pytest.raises(RuntimeError, match=message):
+        _rewards(**outcome)
+
+
+class WithReferee:
+    """Episode: a speaks, the referee (scripted) answers with what it saw, b speaks with the referee's reply."""
+
+    agents = ("a", "b", "ref")
+
+    def run(self, problem):
+        turns = []
+        first = yield AgentTurn("a", [{"role": "user", "content": problem.question}])
+        turns.append(TurnResult("a", first, True))
+        verdict = yield AgentTurn("ref", [{"role": "user", "content": first}], state=problem.uid)
+        turns.append(TurnResult("ref", verdict, True))
+        second = yield AgentTurn("b", [{"role": "user", "content": verdict}])
+        turns.append(TurnResult("b", second, True))
+        return EpisodeOutcome(reward=1.0, turns=turns, info={"verdict": verdict}, agent_rewards={"ref": 5.0})
+
+
+def test_a_scripted_agents_turns_are_answered_by_its_code_and_make_no_sample():
+    engine = ScriptedEngine()
+    seen = []
+
+    def referee(turn: AgentTurn) -> str:
+        seen.append(turn.state)
+        return f"{turn.state} said {turn.messages[-1]['content']}"
+
+    specs = {"a": AgentSpec("m", SamplingParams()), "b": AgentSpec("m", SamplingParams()),
+             "ref": AgentSpec("", None, script=referee)}
+    results = EpisodeRunner(WithReferee(), {"m": engine}, specs, invalid_penalty=0.1, seed=0).run(_requests(2))
+    assert engine.batches == [2, 2]  # the referee's turns cost no engine round
+    assert seen == ["p0", "p1"]
+    assert [r.outcome.info["verdict"] for r in results] == ["p0 said ok", "p1 said ok"]
+    assert [[(s.agent, s.turn, s.reward) for s in r.samples] for r in results] == [[("a", 0, 1.0), ("b", 2, 1.0)]] * 2
+
+
+def test_a_failing_scripted_agent_is_named():
+    def broken(turn: AgentTurn) -> str:
+        raise KeyError("board")
+
+    specs = {"a": AgentSpec("m", SamplingParams()), "b": AgentSpec("m", SamplingParams()),
+             "ref": AgentSpec("", None, script=broken)}
+    with pytest.raises(RuntimeError, match="scripted agent 'ref' failed in episode e0: KeyError: 'board'"):
+        EpisodeRunner(WithReferee(), {"m": ScriptedEngine()}, specs, invalid_penalty=0.1).run(_requests(1))

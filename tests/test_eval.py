@@ -123,6 +123,12 @@ def _eval(out: Path, *args: str) -> int:
     return cli(["eval", "--config", str(SMOKE), *args, f"trainer.output_dir={out}", "eval.k=2", "eval.max_questions=3"])
 
 
+def _evaluation(out: Path) -> Path:
+    """The one evaluation directory under `out` (`evals/<what>-k<k>-<digest>`)."""
+    (found,) = (out / "evals").iterdir()
+    return found
+
+
 def _scalars(tensorboard_dir: Path) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -132,8 +138,9 @@ def _scalars(tensorboard_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_eval_on_the_smoke_config_writes_results(tmp_path):
-    out = tmp_path / "eval"
-    assert _eval(out) == 0
+    assert _eval(tmp_path / "eval") == 0
+    out = _evaluation(tmp_path / "eval")
+    assert out.name.startswith("initial-k2-")
     report = json.loads((out / "eval.json").read_text())
     assert set(report["benchmarks"]) == {"arithmetic"}
     entry = report["benchmarks"]["arithmetic"]
@@ -158,18 +165,53 @@ def test_eval_on_the_smoke_config_writes_results(tmp_path):
 
     cfg = load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'again'}", "eval.k=2", "eval.max_questions=3",
                               "logging.tensorboard=false"])
-    run_evaluation(prepare(cfg, None), questions_per_chunk=1, log=lambda _: None)
-    again = [json.loads(line) for line in (tmp_path / "again" / "eval_questions.jsonl").read_text().splitlines()]
+    ev = prepare(cfg, None)
+    run_evaluation(ev, questions_per_chunk=1, log=lambda _: None)
+    assert ev.out.name == out.name  # the same checkpoint and settings: the same name
+    again = [json.loads(line) for line in (ev.out / "eval_questions.jsonl").read_text().splitlines()]
     assert again == questions
+
+
+def test_each_evaluation_has_a_directory_of_its_own_and_running_one_again_is_refused(tmp_path, capsys):
+    """`drmas eval` wrote eval.json, eval.md and tensorboard/ into the training run's directory (a fifth
+    TensorBoard run there); a second evaluation overwrote eval.json without a word and added a second event
+    file, so TensorBoard showed each point twice."""
+    from drmas.runtime.run_dir import check_output_dir
+
+    run = tmp_path / "run"
+
+    def one_question(*args: str) -> int:
+        return cli(["eval", "--config", str(SMOKE), f"trainer.output_dir={run}", "eval.k=2", "eval.max_questions=1",
+                    *args])
+
+    assert one_question() == 0
+    first = _evaluation(run)
+    assert sorted(p.name for p in run.iterdir()) == ["evals"]
+    assert {"eval.json", "eval.md", "eval_questions.jsonl", "eval_run.json", "tensorboard"} <= \
+        {p.name for p in first.iterdir()}
+    check_output_dir(run, resume=False, overwrite=False)  # evaluating first does not block training there
+    capsys.readouterr()
+
+    assert one_question() == 2  # the same evaluation again: refused, nothing rewritten
+    err = capsys.readouterr().err
+    assert f"{first} already holds this evaluation" in err and "eval.resume=true" in err
+    assert len(list((first / "tensorboard").iterdir())) == 1
+
+    assert one_question("eval.k_temperature=0.9") == 0  # other settings: another directory
+    assert len(list((run / "evals").iterdir())) == 2
+    assert one_question("eval.resume=true") == 0  # continuing the first one: its points are not doubled
+    scalars = _scalars(first / "tensorboard")
+    assert [step for step, _ in scalars["eval/arithmetic/avg@k"]] == [0]
 
 
 def test_an_interrupted_eval_keeps_the_questions_it_finished(tmp_path):
     from drmas.config import load_config
 
-    out = tmp_path / "out"
-    out.mkdir()
+    ev = prepare(load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'out'}", "eval.k=2", "eval.max_questions=3"]),
+                 None)
+    out = ev.out
+    out.mkdir(parents=True)
     (out / "eval.json").write_text("{}")  # an earlier evaluation's report must not pass for this one's
-    ev = prepare(load_config(SMOKE, [f"trainer.output_dir={out}", "eval.k=2", "eval.max_questions=3"]), None)
     real_run, calls = ev.runner.run, []
 
     def run_then_interrupt(requests):
@@ -227,7 +269,8 @@ def test_a_resumed_eval_samples_only_the_missing_questions_and_equals_an_uninter
     assert said[0].startswith("eval.resume: 2 of 3 questions taken from")
     assert resumed["resumed_questions"] == 2
     assert _without_timing(resumed) == _without_timing(whole)  # scores and per-agent behaviour alike
-    assert (out / "eval_questions.jsonl").read_text() == (tmp_path / "whole" / "eval_questions.jsonl").read_text()
+    assert (ev.out / "eval_questions.jsonl").read_text() == \
+        (_evaluation(tmp_path / "whole") / "eval_questions.jsonl").read_text()
 
     # extending the question set samples only the new questions
     ev = _prepared(out, "eval.max_questions=4", "eval.resume=true")
@@ -241,7 +284,7 @@ def test_resume_drops_a_torn_last_line_and_starts_fresh_without_an_earlier_eval(
     ev = _prepared(out, "eval.max_questions=2", "eval.resume=true")  # nothing to resume: a fresh evaluation
     assert ev.done == {}
     run_evaluation(ev, questions_per_chunk=1, log=lambda _: None)
-    log = out / "eval_questions.jsonl"
+    log = ev.out / "eval_questions.jsonl"
     first, second = log.read_text().splitlines()
     log.write_text(first + "\n" + second[: len(second) // 2])  # killed while writing the second question
     ev = _prepared(out, "eval.max_questions=2", "eval.resume=true")
@@ -281,11 +324,13 @@ def test_eval_of_a_checkpoint_from_a_one_step_run(tmp_path):
     ckpt = run_dir / "checkpoints" / "step_1"
     assert (ckpt / "COMPLETE").exists()
     assert _eval(run_dir, "--checkpoint", str(ckpt)) == 0
-    report = json.loads((run_dir / "eval.json").read_text())
+    out = _evaluation(run_dir)
+    assert out.name.startswith("step_1-k2-")
+    report = json.loads((out / "eval.json").read_text())
     assert report["checkpoint"] == str(ckpt) and report["step"] == 1
     assert report["models"] == {"policy": str(ckpt / "policy")}
     assert set(report["benchmarks"]["arithmetic"]) == BENCHMARK_KEYS
-    assert _scalars(run_dir / "tensorboard")["eval/arithmetic/pass@k"][0][0] == 1  # step of the checkpoint
+    assert _scalars(out / "tensorboard")["eval/arithmetic/pass@k"][0][0] == 1  # step of the checkpoint
 
     # the engine serves the checkpoint's weights, not the config's initial ones
     import torch
@@ -308,7 +353,7 @@ def test_missing_checkpoint_directory_exits_2_naming_the_path(tmp_path, capsys):
     missing = tmp_path / "runs" / "checkpoints" / "step_7"
     assert _eval(tmp_path / "out", "--checkpoint", str(missing)) == 2
     assert str(missing) in capsys.readouterr().err
-    assert not (tmp_path / "out" / "eval.json").exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_checkpoint_without_the_trained_model_exits_2_but_a_frozen_model_loads_from_its_config(tmp_path, capsys):
@@ -319,7 +364,7 @@ def test_checkpoint_without_the_trained_model_exits_2_but_a_frozen_model_loads_f
     assert "trained model 'policy'" in err and str(empty / "policy") in err
 
     from drmas.config import load_config
-    from drmas.models import build_tiny_model
+    from drmas.models.loading import build_tiny_model
 
     cfg = load_config(SMOKE, ["models.policy.trainable=false", f"trainer.output_dir={tmp_path / 'out'}"])
     ev = prepare(cfg, empty)
@@ -330,9 +375,8 @@ def test_benchmark_files_are_loaded_by_the_task_and_bad_rows_are_reported(tmp_pa
     good = tmp_path / "gsm.jsonl"
     good.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n"
                     + json.dumps({"problem": "What is 2 + 1?", "answer": 3}) + "\n")
-    out = tmp_path / "out"
-    assert _eval(out, f"eval.benchmarks={{gsm: {good}}}", "logging.tensorboard=false") == 0
-    entry = json.loads((out / "eval.json").read_text())["benchmarks"]
+    assert _eval(tmp_path / "out", f"eval.benchmarks={{gsm: {good}}}", "logging.tensorboard=false") == 0
+    entry = json.loads((_evaluation(tmp_path / "out") / "eval.json").read_text())["benchmarks"]
     assert list(entry) == ["gsm"] and entry["gsm"]["n_questions"] == 2 and entry["gsm"]["k"] == 2
 
     bad = tmp_path / "bad.jsonl"
@@ -360,7 +404,7 @@ def _async_checkpoints(run: Path, model, complete: dict[str, list[int]],
                        torn: Optional[dict[str, list[int]]] = None) -> None:
     """Write learner checkpoints the way an async run does: `<run>/learner-<m>/checkpoints/step_<N>/<m>/`
     (a torn one lacks its COMPLETE marker, as when a learner dies mid-save)."""
-    from drmas.checkpoint import save_checkpoint
+    from drmas.models.checkpoint import save_checkpoint
 
     for marked, checkpoints in ((True, complete), (False, torn or {})):
         for model_id, steps in checkpoints.items():
@@ -385,13 +429,13 @@ def test_eval_of_an_async_run_directory_takes_each_models_newest_complete_checkp
     assert cli(["eval", "--config", str(SMOKE), "--checkpoint", str(run), *TWO_MODELS, f"trainer.output_dir={out}",
                 "eval.k=2", "eval.max_questions=2", "logging.tensorboard=false"]) == 0
     policy_ckpt, judge_ckpt = run / "learner-policy/checkpoints/step_3", run / "learner-judge/checkpoints/step_3"
-    report = json.loads((out / "eval.json").read_text())
+    report = json.loads((_evaluation(out) / "eval.json").read_text())
     assert report["models"] == {"policy": str(policy_ckpt / "policy"), "judge": str(judge_ckpt / "judge")}
     expected = {"policy": {"checkpoint": str(policy_ckpt), "step": 3},
                 "judge": {"checkpoint": str(judge_ckpt), "step": 3}}
     assert report["model_checkpoints"] == expected
     assert report["checkpoint"] == str(run) and report["step"] == 3
-    assert json.loads((out / "eval_run.json").read_text())["settings"]["model_checkpoints"] == expected
+    assert json.loads((_evaluation(out) / "eval_run.json").read_text())["settings"]["model_checkpoints"] == expected
 
     # a newer complete checkpoint changes what `RUN_DIR` means: resuming must not mix the two
     _async_checkpoints(run, tiny_model, {"policy": [4]})
@@ -432,7 +476,7 @@ def test_run_directory_without_a_complete_checkpoint_exits_2_and_frozen_models_c
     err = capsys.readouterr().err
     assert "no complete checkpoint of trained model 'judge'" in err and str(run / "learner-judge/checkpoints") in err
 
-    from drmas.models import build_tiny_model
+    from drmas.models.loading import build_tiny_model
 
     cfg = _two_model_config(tmp_path / "out", "models.judge.trainable=false")
     ev = prepare(cfg, run)

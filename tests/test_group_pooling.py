@@ -15,12 +15,18 @@ import numpy as np
 import pytest
 from buffer_harness import clients, make_buffer, wait_until  # noqa: F401  (fixtures)
 
+from test_episodes import ScriptedEngine
+
 from drmas.config.schema import AlgorithmConfig
-from drmas.learner.advantage import compute_advantages
+from drmas.core.sample import Sample
+from drmas.engines.base import SamplingParams
+from drmas.learner.advantage import compute_advantages, step_advantages
 from drmas.learner.batch import GroupCollector, group_advantages
 from drmas.learner.running_stats import AgentRewardStats
-from drmas.process import StopFlag
-from drmas.protocol import Sample
+from drmas.mas.base import AgentTurn, EpisodeOutcome, TurnResult
+from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
+from drmas.runtime.process import StopFlag
+from drmas.tasks.base import Problem
 
 AGENT_MODELS = {"solver": "m", "verifier": "m", "reviser": "other"}  # the critic is frozen: no learner, no queue
 FROZEN = "critic"
@@ -137,3 +143,80 @@ def test_an_episode_in_which_no_trained_agent_spoke_still_completes_its_group(ma
                                     AgentRewardStats())
     expected = _colocated(every, mode)
     np.testing.assert_allclose(adv, [expected[(s.episode_id, s.agent, s.turn)] for s in samples], rtol=1e-12, atol=1e-12)
+
+
+# --- per-turn rewards: a hand-computed case, the same in both loops -----------------------------------------------
+
+# Episode i of the group: which agents speak (env is scripted: no sample, no reward) and the outcome's rewards.
+# e2 exercises the precedence: its shared reward is 1, but turn_rewards zero the first solver turn and the
+# verifier, and agent_rewards zero the last solver turn (its turn_rewards entry is None).
+PLAN = [("solver", "env", "verifier"), ("solver", "env", "verifier"), ("solver", "env", "verifier", "solver")]
+OUTCOMES = [dict(reward=1.0, agent_rewards={"solver": 1.0, "verifier": 1.0}),
+            dict(reward=0.0, agent_rewards={"verifier": 1.0}),
+            dict(reward=1.0, agent_rewards={"solver": 0.0}, turn_rewards=[0.0, None, 0.0, None])]
+# Sample rewards: solver 1, 0, 0, 0 and verifier 1, 1, 0; every trajectory's score is the mean of its samples'.
+SQRT3, SQRT14 = 3 ** 0.5, 14 ** 0.5
+EXPECTED = {
+    # each agent against its own calls: solver mean 1/4, std 1/2; verifier mean 2/3, std 1/sqrt(3)
+    "agent": {("e0", "solver"): 1.5, ("e1", "solver"): -0.5, ("e2", "solver"): -0.5,
+              ("e0", "verifier"): 1 / SQRT3, ("e1", "verifier"): 1 / SQRT3, ("e2", "verifier"): -2 / SQRT3},
+    # all seven calls pooled: mean 3/7, std sqrt(2/7): a reward 1 gets 4/sqrt(14), a reward 0 -3/sqrt(14)
+    "step_global": {("e0", "solver"): 4 / SQRT14, ("e1", "solver"): -3 / SQRT14, ("e2", "solver"): -3 / SQRT14,
+                    ("e0", "verifier"): 4 / SQRT14, ("e1", "verifier"): 4 / SQRT14, ("e2", "verifier"): -3 / SQRT14},
+    # trajectory scores 1, 1/2, 0 (mean 1/2, std 1/2): every call of an episode takes its episode's advantage
+    "global": {("e0", "solver"): 1.0, ("e1", "solver"): 0.0, ("e2", "solver"): -1.0,
+               ("e0", "verifier"): 1.0, ("e1", "verifier"): 0.0, ("e2", "verifier"): -1.0},
+}
+
+
+class _PerTurnRewards:
+    """Episodes of PLAN with the rewards of OUTCOMES, in the order they are started."""
+
+    agents = ("solver", "verifier", "env")
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def run(self, problem):
+        index, self.started = self.started, self.started + 1
+        turns = []
+        for agent in PLAN[index]:
+            text = yield AgentTurn(agent, [{"role": "user", "content": problem.question}], state=index)
+            turns.append(TurnResult(agent, text, valid=True))
+        return EpisodeOutcome(turns=turns, **OUTCOMES[index])
+
+
+def _per_turn_episodes() -> list[Sample]:
+    specs = {"solver": AgentSpec("m", SamplingParams()), "verifier": AgentSpec("m", SamplingParams()),
+             "env": AgentSpec("", None, script=lambda turn: f"observation {turn.state}")}
+    requests = [EpisodeRequest(f"e{i}", "g", Problem("p", "1 + 1?", "2")) for i in range(GROUP_SIZE)]
+    results = EpisodeRunner(_PerTurnRewards(), {"m": ScriptedEngine()}, specs, invalid_penalty=0.1, seed=0).run(requests)
+    return [s for r in results for s in r.samples]
+
+
+@pytest.mark.parametrize("mode", ["agent", "step_global", "global"])
+def test_per_turn_rewards_give_the_hand_computed_advantages_in_both_loops(make_buffer, clients, mode):
+    """Rewards that differ per turn and per agent, from an orchestra through the episode runner: the colocated
+    loop's advantages (every sample in hand) and the async pipeline's (each sample sent through a real buffer,
+    pulled by a learner's collector) both equal the case computed by hand above, in every mode."""
+    samples = _per_turn_episodes()
+    assert [(s.episode_id, s.agent, s.turn, s.reward) for s in samples] == [
+        ("e0", "solver", 0, 1.0), ("e0", "verifier", 2, 1.0), ("e1", "solver", 0, 0.0), ("e1", "verifier", 2, 1.0),
+        ("e2", "solver", 0, 0.0), ("e2", "verifier", 2, 0.0), ("e2", "solver", 3, 0.0)]
+    alg = AlgorithmConfig(normalization=mode, singleton_fallback=False, eps=1e-12)
+    colocated = step_advantages(samples, alg, AgentRewardStats())
+
+    buf = make_buffer(agent_models={"solver": "m", "verifier": "m"})
+    producer = clients.producer(buf)
+    for episode in ("e0", "e1", "e2"):  # as the rollout worker sends them: every sample of a trained agent
+        producer.send_episode("g", GROUP_SIZE, episode, [s for s in samples if s.episode_id == episode])
+    producer.flush(timeout_s=5)
+    collector = GroupCollector(clients.consumer(buf), ["solver", "verifier"], 1, 1, StopFlag(install=False), poll_ms=50)
+    pulled, pipelined = group_advantages(collector.next_batch(0).groups, alg, AgentRewardStats())
+
+    by_call = {(s.episode_id, s.agent, s.turn): a for s, a in zip(samples, colocated)}
+    for s, a in zip(pulled, pipelined):
+        assert a == pytest.approx(by_call[(s.episode_id, s.agent, s.turn)], rel=1e-12, abs=1e-12)
+    assert len(pulled) == len(samples)
+    for s, a in zip(samples, colocated):
+        assert a == pytest.approx(EXPECTED[mode][(s.episode_id, s.agent)], rel=1e-9), (mode, s.episode_id, s.agent)

@@ -5,6 +5,7 @@ starting a real buffer on the ports it found."""
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from drmas.config import load_config
 from drmas.config.load import to_yaml
 from drmas.launch.placement import add_run_keys, key_files, localize, place_endpoints
 from drmas.launch.ray_host import ProcessHost
+from drmas.runtime.netsec import client_keys, server_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE_ASYNC = ROOT / "configs" / "smoke_async.yaml"
@@ -58,7 +60,7 @@ def test_spread_endpoints_get_node_addresses_and_run_keys_that_travel(tmp_path):
     local = load_config(localize(to_yaml(placed), str(driver_keys), files, node))
     buf = local.pipeline.buffer
     assert all(str(node / "keys") in getattr(buf, f) for f in ("curve_server_secret_file", "curve_client_secret_file"))
-    server, client = buf.server_curve(), buf.client_curve()
+    server, client = server_keys(buf), client_keys(buf)
     assert client.public in server.allowed_clients and client.server_public == server.public
     assert (node / "keys" / "server" / "server.key_secret").stat().st_mode & 0o077 == 0
     # keys the user configured are theirs: none are generated over them
@@ -95,3 +97,24 @@ def test_process_host_starts_a_buffer_on_the_ports_it_found_and_relays_its_outpu
         assert rc == 0
     finally:
         host.signal(signal.SIGKILL)
+
+
+def test_plugin_files_travel_to_a_node_that_lacks_them(tmp_path):
+    """A Ray host on a node without the driver's filesystem writes the plugin files it was sent and imports
+    those copies; a node that has the file (a shared filesystem) imports it where it is."""
+    from drmas.assembly import load_config as load_with_plugins
+    from drmas.launch.placement import plugin_files
+
+    driver = tmp_path / "driver" / "carried_plugin.py"
+    driver.parent.mkdir()
+    driver.write_text("from drmas.api import help_field\n\nCARRIED = True\n")
+    cfg = load_config(SMOKE_ASYNC, [f"plugins=[{driver}]"])
+    sent = plugin_files(cfg)
+    assert sent == {str(driver): driver.read_text()}
+    shared = load_config(localize(to_yaml(cfg), None, {}, tmp_path / "shared", sent))
+    assert shared.plugins == [str(driver)] and not (tmp_path / "shared" / "plugins").exists()
+    driver.unlink()  # as on a node that never had it
+    node = tmp_path / "node"
+    local = load_with_plugins(localize(to_yaml(cfg), None, {}, node, sent))
+    assert local.plugins == [str(node / "plugins" / "carried_plugin.py")]
+    assert sys.modules["carried_plugin"].CARRIED and sys.modules["carried_plugin"].__file__ == local.plugins[0]

@@ -9,12 +9,12 @@ import pytest
 
 from drmas.buffer import AgentGroup
 from drmas.config.schema import AlgorithmConfig
+from drmas.core.lineage import Lineage
+from drmas.core.sample import Sample
 from drmas.learner.advantage import compute_advantages
 from drmas.learner.batch import GroupCollector, group_advantages
 from drmas.learner.running_stats import AgentRewardStats
-from drmas.lineage import Lineage
-from drmas.process import StopFlag
-from drmas.protocol import Sample
+from drmas.runtime.process import StopFlag
 
 
 def _sample(group: str, episode: str, agent: str, reward: float, version: int = 0, incarnation: str = "") -> Sample:

@@ -24,8 +24,8 @@ from drmas.engines.base import SamplingParams
 from drmas.engines.embedded import EmbeddedEngine
 from drmas.learner.loss import ppo_loss
 from drmas.learner.policy import PolicyTrainer
-from drmas.models import load_model
-from drmas.protocol import Sample
+from drmas.models.loading import load_model
+from drmas.core.sample import Sample
 
 TEMPERATURES = (1.0, 0.7, 1.3)
 
@@ -127,8 +127,10 @@ def rss():
     return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
 big = torch.ones(16 << 18); del big  # freeing a 16 MB mapping raises glibc's threshold past 2 MB
 before = rss()
-blocks = [torch.ones(2 << 18) for _ in range(50)]  # 100 MB of 2 MB tensors, as a training pass makes them
-pin = torch.ones(1000)  # a later small allocation: the heap cannot shrink below it
+blocks, pins = [], []
+for _ in range(50):  # 100 MB of 2 MB tensors, as a training pass makes them, each followed by a small one that
+    blocks.append(torch.ones(2 << 18))  # outlives it (the heap can only shrink from its top: with one pin at
+    pins.append(torch.ones(1000))  # the end, glibc sometimes placed it in a lower hole and trimmed the rest)
 del blocks
 print(taken, (rss() - before) / 1e6)
 """

@@ -14,9 +14,9 @@ import subprocess
 import time
 
 import pytest
-
-from drmas.metrics import read_metrics
 from pipeline_harness import SMOKE_ASYNC, Processes, pipeline_overrides, smoke_async_models  # noqa: F401
+
+from drmas.runtime.metrics import read_metrics
 
 STEPS = 4
 KILL_AT = 3  # the verifier's learner is killed once it logged this step; with checkpoints every 2 steps it

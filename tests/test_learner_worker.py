@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from pipeline_harness import SMOKE, free_ports
+from tb_events import tensorboard_scalars
 
 from drmas.buffer import BufferConfig, BufferProducer, TrajectoryBuffer
 from drmas.config import load_config
-from drmas.process import StopFlag
-from drmas.protocol import Sample
-from pipeline_harness import SMOKE, free_ports
-from tb_events import tensorboard_scalars
+from drmas.core.sample import Sample
+from drmas.runtime.process import StopFlag
 
 AGENTS = ("solver", "verifier")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drmas.lineage import Lineage
+from drmas.core.lineage import Lineage
 
 
 def test_a_fresh_learner_owns_its_versions_and_the_initial_weights_only():

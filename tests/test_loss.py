@@ -11,7 +11,6 @@ import torch
 from drmas.learner.loss import masked_mean, ppo_loss
 
 
-
 @pytest.fixture(autouse=True)
 def _float64() -> Iterator[None]:
     """Exact hand-computed values need float64; restore the global default so other modules are unaffected."""

@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from scripted_episode import Transcript, agents_asked  # noqa: F401
+from scripted_episode import drive as _drive
 
-from drmas.config.schema import SystemConfig
+from drmas.config.systems import MathSettings
 from drmas.mas import ORCHESTRAS, AgentTurn
 from drmas.mas.agents import AGENT_ROLES, SolverAgent, TeamContext, VerifierAgent
 from drmas.mas.math import MathOrchestra
 from drmas.tasks.base import Problem
-from scripted_episode import Transcript, agents_asked  # noqa: F401
-from scripted_episode import drive as _drive
 
 PROBLEM = Problem("p0", "Mia has 7 apples and buys 5 more. How many apples does she have now?", "12")
 ROLES = {"solver": "alice", "verifier": "bob"}
@@ -50,7 +50,7 @@ class SubstringTask:
 
 def make(max_rounds: int = 2, malformed_verdict: str = "approve", task: SubstringTask | None = None) -> MathOrchestra:
     """A math orchestra over the scripted agents alice (solver) and bob (verifier)."""
-    cfg = SystemConfig(name="math", max_rounds=max_rounds, malformed_verdict=malformed_verdict)
+    cfg = MathSettings(max_rounds=max_rounds, malformed_verdict=malformed_verdict)
     return MathOrchestra(cfg, ROLES, task or SubstringTask())
 
 
@@ -194,7 +194,7 @@ def test_team_context_returns_latest_per_role() -> None:
 def test_missing_role_is_named(missing: str) -> None:
     roles = {role: name for role, name in ROLES.items() if role != missing}
     with pytest.raises(ValueError, match=missing):
-        MathOrchestra(SystemConfig(), roles, SubstringTask())
+        MathOrchestra(MathSettings(), roles, SubstringTask())
 
 
 def test_bad_malformed_verdict_names_the_config_key() -> None:

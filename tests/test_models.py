@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from drmas.cache import build_once
 from drmas.config.schema import ModelConfig, TinyModelConfig
-from drmas.model_dirs import hf_hub_cache
-from drmas.models import (
+from drmas.core.cache import build_once
+from drmas.models.dirs import hf_hub_cache
+from drmas.models.loading import (
     build_tiny_model,
     load_model,
     resolve_model_path,
@@ -44,7 +44,7 @@ def test_a_source_is_required() -> None:
 
 
 def test_path_overrides_builtin_and_says_so(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="drmas.models"):
+    with caplog.at_level(logging.INFO, logger="drmas.models.loading"):
         got = resolve_model_path(ModelConfig(path=str(tiny_model_dir), builtin="smollm2-135m-instruct"),
                                  where="models.policy")
     assert got == tiny_model_dir  # the smollm2 builtin was not imported: it would take a minute

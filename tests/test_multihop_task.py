@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from drmas.config.schema import TaskConfig
+from drmas.config.tasks import MultihopSettings
 from drmas.retrieval.base import Passage
 from drmas.tasks import build_task
 from drmas.tasks.base import Problem
@@ -16,7 +16,7 @@ from drmas.tasks.multihop import RELATIONS, MultihopTask, fact_chains, make_mult
 from drmas.tasks.qa_grading import normalize_answer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qa"
-SMALL = TaskConfig(name="multihop", seed=7, n_entities=40, n_train=300, n_test=60, two_hop_share=0.5)
+SMALL = MultihopSettings(seed=7, n_entities=40, n_train=300, n_test=60, two_hop_share=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -199,9 +199,9 @@ def test_load_benchmark_reads_search_r1_files(task: MultihopTask) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"n_entities": 3}, "task.n_entities must be >= 8"),
-        ({"two_hop_share": 1.5}, r"task.two_hop_share must be in \[0, 1\]"),
-        ({"n_test": -1}, "task.n_train and task.n_test must be >= 0"),
+        ({"n_entities": 3}, "task.n_entities: must be >= 8"),
+        ({"two_hop_share": 1.5}, r"task.two_hop_share: must be in \[0, 1\]"),
+        ({"n_test": -1}, "task.n_test: must be >= 0"),
         ({"n_entities": 8, "n_train": 5000}, "too few 1-hop questions for task.n_train=5000"),
     ],
 )

@@ -11,7 +11,7 @@ from buffer_harness import clients, episode, make_buffer  # noqa: F401  (fixture
 
 from drmas.buffer.framing import decode_message, encode_frames
 from drmas.buffer.messages import MESSAGE_SCHEMA_VERSION, EpisodeMsg
-from drmas.protocol import (
+from drmas.core.sample import (
     REASON_BAD_TOKEN,
     REASON_INVALID,
     REASON_NON_FINITE,

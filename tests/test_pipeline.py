@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from pipeline_harness import SMOKE, Processes, smoke_model  # noqa: F401
+from pipeline_harness import pipeline_overrides as _overrides
 
 from drmas.config import load_config
-from drmas.endpoints import EndpointError, learner_address, learner_endpoint, require_fixed
-from drmas.metrics import read_metrics
-from pipeline_harness import SMOKE, Processes, pipeline_overrides as _overrides, smoke_model  # noqa: F401
+from drmas.runtime.endpoints import EndpointError, learner_address, learner_endpoint, require_fixed
+from drmas.runtime.metrics import read_metrics
 
 MAX_STALENESS = 1
 STEPS = 3
@@ -88,7 +89,7 @@ def test_processes_train_within_the_staleness_bound_and_a_restarted_learner_resu
 
 def _poison(group: str, kind: str):
     """A well-formed sample the buffer passes with `validate_samples=false` but the model cannot take."""
-    from drmas.protocol import Sample
+    from drmas.core.sample import Sample
 
     prompt, response, logprobs = [1, 2, 3], [4, 5], [-0.5, -0.5]
     if kind == "bad_token":
@@ -157,7 +158,9 @@ def test_strictly_on_policy_training_goes_on_through_bad_messages_and_samples_th
 
 def test_endpoints_follow_the_config_and_port_zero_is_refused_outside_the_launcher():
     cfg = load_config(SMOKE, ["models.judge={builtin: tiny}", "agents.verifier.model=judge",
-                              "pipeline.learner_base_port=7000", "pipeline.learner_hosts={judge: 10.0.0.2}"])
+                              "pipeline.learner_base_port=7000", "pipeline.learner_hosts={judge: 10.0.0.2}",
+                              "pipeline.buffer.producer_endpoint=tcp://127.0.0.1:5601",
+                              "pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:5602"])
     assert learner_address(cfg, "policy") == ("127.0.0.1", 7000)
     assert learner_endpoint(cfg, "judge") == "tcp://10.0.0.2:7001"
     require_fixed(cfg, buffer=True, learners=["policy", "judge"])

@@ -18,9 +18,9 @@ import subprocess
 import time
 
 import pytest
-
-from drmas.metrics import read_metrics
 from pipeline_harness import SMOKE, Processes, pipeline_overrides, smoke_model  # noqa: F401
+
+from drmas.runtime.metrics import read_metrics
 
 STEPS = 8
 KILL_LEARNER_AT = 6

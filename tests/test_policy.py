@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from drmas.config.schema import AlgorithmConfig, OptimConfig
+from drmas.core.sample import Sample
 from drmas.engines.base import SamplingParams
 from drmas.engines.embedded import EmbeddedEngine
 from drmas.learner.policy import PolicyTrainer
-from drmas.models import load_model
-from drmas.protocol import Sample
+from drmas.models.loading import load_model
 
 
 def _samples(model_dir, n=6, temperature=1.0, agents=("solver", "verifier")):

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from drmas.config.schema import TaskConfig
+from drmas.config.tasks import QAFileSettings
 from drmas.tasks import TASKS, build_task
 from drmas.tasks.files import Row
 from drmas.tasks.qa_files import QAFileTask, load_qa_problems, make_qa_file_task, row_golden_answers
@@ -229,7 +229,7 @@ def test_parquet_row_missing_answers_is_reported_with_row_index(tmp_path: Path) 
 
 def test_qa_file_task_is_registered_and_serves_its_splits() -> None:
     assert {"qa_file", "multihop"} <= set(TASKS.names())
-    cfg = TaskConfig(name="qa_file", train_file=str(FIXTURES / "hotpotqa.parquet"),
+    cfg = QAFileSettings(train_file=str(FIXTURES / "hotpotqa.parquet"),
                      test_file=str(FIXTURES / "bamboogle.jsonl"))
     task = build_task(cfg)
     assert isinstance(task, QAFileTask) and task.metric == "em"
@@ -243,7 +243,7 @@ def test_qa_file_task_is_registered_and_serves_its_splits() -> None:
 
 
 def test_qa_file_task_f1_metric_and_errors() -> None:
-    task = make_qa_file_task(TaskConfig(name="qa_file", test_file=str(FIXTURES / "bamboogle.jsonl")), metric="f1")
+    task = make_qa_file_task(QAFileSettings(test_file=str(FIXTURES / "bamboogle.jsonl")), metric="f1")
     first = task.split("test")[0]
     assert task.grade(first, "<answer>Kenyatta</answer>") == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="set task.train_file"):
@@ -251,8 +251,8 @@ def test_qa_file_task_f1_metric_and_errors() -> None:
     with pytest.raises(ValueError, match="retrieval.corpus"):
         task.passages()
     with pytest.raises(ValueError, match="set task.train_file and/or task.test_file"):
-        QAFileTask(TaskConfig(name="qa_file"))
+        QAFileTask(QAFileSettings())
     with pytest.raises(ValueError, match="system.reward_metric"):
-        QAFileTask(TaskConfig(name="qa_file", test_file=str(FIXTURES / "nq.jsonl")), metric="rouge")
+        QAFileTask(QAFileSettings(test_file=str(FIXTURES / "nq.jsonl")), metric="rouge")
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
-        QAFileTask(TaskConfig(name="qa_file", test_file=str(FIXTURES / "missing.jsonl")))
+        QAFileTask(QAFileSettings(test_file=str(FIXTURES / "missing.jsonl")))

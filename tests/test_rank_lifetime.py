@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RANK = """
 import os, sys, time
 from pathlib import Path
-from drmas.process import die_with_torchrun
+from drmas.runtime.process import die_with_torchrun
 if sys.argv[2] == "bound":
     die_with_torchrun()
 Path(sys.argv[1], os.environ["RANK"]).write_text(str(os.getpid()))
@@ -76,12 +76,11 @@ def test_ranks_bound_to_torchrun_end_with_it_and_unbound_ones_outlive_it(tmp_pat
 def _order_waiter(rank: int, port: int, keepalive: bool, result: str) -> None:
     """Rank 0 waits 2.5 s (as for a batch) before its stop order, sending keepalives or not; rank 1 waits for
     orders as `follow` does, in a group whose broadcasts time out after 1 s."""
+    import torch
     import torch.distributed as dist
 
-    import torch
-
-    from drmas.learner.rank_group import BatchFanout
-    from drmas.learner.sharding import ShardedRanks
+    from drmas.learner.ranks.group import BatchFanout
+    from drmas.learner.ranks.sharding import ShardedRanks
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     fanout = BatchFanout(ShardedRanks(torch.device("cpu")), timeout_s=1.0, keepalive_s=0.3)

@@ -1,6 +1,6 @@
 """`drmas run pipeline.launcher=ray` on a local Ray cluster (this CPU machine, a few logical CPUs): one run of
 configs/smoke_async.yaml through which a rollout actor and a learner actor are killed, two rollouts are added
-and one of them is removed again."""
+and one of them is removed again; a run of a plugin's system."""
 
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ import pytest
 
 pytest.importorskip("ray")
 
-from drmas.metrics import read_metrics  # noqa: E402
-from drmas.netsec import is_loopback_host  # noqa: E402
 from cli_run import run_cli  # noqa: E402
 from pipeline_harness import smoke_async_models  # noqa: E402,F401  (a fixture)
 from test_launcher import ASYNC, _Background, _gone  # noqa: E402
 
+from drmas.runtime.metrics import read_metrics  # noqa: E402
+from drmas.runtime.netsec import is_loopback_host  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 STARTED = re.compile(r"\[launcher\] started (\S+) \(pid (\d+) on \S+, actor pid (\d+)\)")
+STARTED_NAMES = re.compile(r"\[launcher\] started (\S+) \(pid")
 STEPS = 6  # enough steps after the learner kill (at step 2) for the restarted learner and the added rollout
 
 
@@ -130,10 +132,11 @@ def test_ray_run_survives_dead_actors_and_follows_added_and_removed_rollouts(tmp
 @pytest.mark.timeout(300)
 def test_ray_run_that_cannot_be_placed_stops_with_the_reason(tmp_path, smoke_async_models):
     """A learner asking for a GPU on a CPU-only cluster: the run ends (exit 2) naming what it could not place,
-    instead of waiting for resources that never come."""
+    instead of waiting for resources that never come. (The local Ray gets its default size: enough CPUs for
+    every process, whatever this machine's cores.)"""
     out = tmp_path / "run"
     command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke_async.yaml"),
-               f"trainer.output_dir={out}", *ASYNC, "pipeline.launcher=ray", "pipeline.ray.num_cpus=4",
+               f"trainer.output_dir={out}", *ASYNC, "pipeline.launcher=ray",
                f"pipeline.ray.control_name=drmas-test-{uuid.uuid4().hex[:8]}", "pipeline.ray.learner_gpus_per_rank=1",
                "pipeline.ray.placement_timeout_s=3"]
     done = run_cli(command, timeout=240, cwd=ROOT)
@@ -181,3 +184,22 @@ def test_a_lost_host_is_replaced_without_holding_up_supervision():
         child.close()
     finally:
         ray.shutdown()
+
+
+@pytest.mark.timeout(420)
+def test_ray_run_of_a_plugin_system(tmp_path):
+    """The plugin system of tests/fixtures/plugins (named by a path relative to its config) trained through
+    Ray: the driver imports it before validating the config, every process its host starts imports it from the
+    config it was handed (the file is sent along; on this one machine the host finds it at the same path)."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "drmas.cli", "run", "--config",
+               str(ROOT / "tests" / "fixtures" / "plugins" / "toy.yaml"), f"trainer.output_dir={out}", *ASYNC,
+               "pipeline.launcher=ray", "pipeline.ray.num_cpus=4", "eval.n_problems=0",
+               f"pipeline.ray.control_name=drmas-test-{uuid.uuid4().hex[:8]}"]
+    done = run_cli(command, timeout=360, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert set(STARTED_NAMES.findall(done.stdout)) == {"buffer", "learner-policy", "rollout-0"}
+    records = read_metrics(out / "learner-policy" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert all("reward/proposer/mean" in r and "reward/checker/mean" in r for r in records)
+    assert "training finished" in done.stdout

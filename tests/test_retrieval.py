@@ -26,10 +26,10 @@ from retrieval_harness import (  # noqa: F401  (fixtures)
     server,
 )
 
+from drmas.config.retrieval import RetrievalConfig
 from drmas.retrieval.base import Passage
 from drmas.retrieval.bm25 import BM25Retriever
 from drmas.retrieval.client import HttpRetriever
-from drmas.retrieval.config import RetrievalConfig
 from drmas.retrieval.corpus import (
     CorpusError,
     corpus_fingerprint,
@@ -82,7 +82,7 @@ def test_empty_or_missing_corpus_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         load_passages(tmp_path / "nope.jsonl")
     # as the run reads it (the launcher, before any process starts), the error names the key first
-    from drmas.retrieval.config import RetrievalConfig
+    from drmas.config.retrieval import RetrievalConfig
     from drmas.retrieval.factory import corpus_for
 
     with pytest.raises(FileNotFoundError, match=r"^retrieval.corpus: corpus file not found: .*nope.jsonl"):

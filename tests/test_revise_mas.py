@@ -7,23 +7,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from scripted_episode import agents_asked, drive
 
-from drmas.assembly import build_orchestra, register_builtins
-from drmas.config.schema import SystemConfig, TaskConfig
+from drmas.assembly import build_orchestra
+from drmas.config.systems import ReviseSettings
+from drmas.config.tasks import ArithmeticSettings
 from drmas.mas import ORCHESTRAS
 from drmas.mas.revise import ReviseOrchestra, checker_feedback
 from drmas.tasks import build_task
-from scripted_episode import agents_asked, drive
 
 ROLES = {"solver": "sol", "reviser": "rev"}
-TASK = build_task(TaskConfig(name="arithmetic", seed=0, n_train=8, n_test=2, max_value=6, operations="+"))
+TASK = build_task(ArithmeticSettings(seed=0, n_train=8, n_test=2, max_value=6, operations="+"))
 PROBLEM = TASK.split("train")[0]
 RIGHT = f"The answer is \\boxed{{{PROBLEM.answer}}}."
 WRONG = f"The answer is \\boxed{{{int(PROBLEM.answer) + 1}}}."
 
 
 def make(max_rounds: int = 2) -> ReviseOrchestra:
-    return ReviseOrchestra(SystemConfig(name="math_revise", max_rounds=max_rounds), ROLES, TASK)
+    return ReviseOrchestra(ReviseSettings(max_rounds=max_rounds), ROLES, TASK)
 
 
 def test_a_right_first_answer_never_calls_the_reviser() -> None:
@@ -60,7 +61,6 @@ def test_one_attempt_means_solver_only() -> None:
 
 
 def test_registered_and_built_from_a_config_naming_missing_roles() -> None:
-    register_builtins()
     assert ORCHESTRAS.get("math_revise") is ReviseOrchestra
     from drmas.config import load_config
 
@@ -68,4 +68,4 @@ def test_registered_and_built_from_a_config_naming_missing_roles() -> None:
     orchestra = build_orchestra(cfg, build_task(cfg.task))
     assert orchestra.agents == ("solver", "reviser")
     with pytest.raises(ValueError, match="role 'reviser'"):
-        ReviseOrchestra(SystemConfig(name="math_revise"), {"solver": "sol"}, TASK)
+        ReviseOrchestra(ReviseSettings(), {"solver": "sol"}, TASK)

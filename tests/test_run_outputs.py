@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from drmas import checkpoint
-from drmas.restarts import EXIT_USAGE, RestartBook, RestartConfig
-from drmas.run_dir import OutputDirError, claim_output_dir
 from cli_run import run_cli
+
+from drmas.launch.restarts import EXIT_USAGE, RestartBook, RestartConfig
+from drmas.models import checkpoint
+from drmas.runtime.run_dir import OutputDirError, claim_output_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 

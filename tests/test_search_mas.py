@@ -14,8 +14,10 @@ import math
 from pathlib import Path
 
 import pytest
+from scripted_episode import Transcript, agents_asked  # noqa: F401
+from scripted_episode import drive as _drive
 
-from drmas.config.schema import SystemConfig
+from drmas.config.systems import SearchSettings
 from drmas.mas import ORCHESTRAS, AgentTurn
 from drmas.mas.agents import AGENT_ROLES
 from drmas.mas.search import SearchOrchestra
@@ -32,8 +34,6 @@ from drmas.mas.search_agents import (
 from drmas.retrieval.base import Passage
 from drmas.retrieval.bm25 import BM25Retriever
 from drmas.tasks.base import Problem
-from scripted_episode import Transcript, agents_asked  # noqa: F401
-from scripted_episode import drive as _drive
 
 PASSAGES = [
     Passage("w0", "Orla Fenwick\nOrla Fenwick is a sculptor. She was born in Brackwater and works for Duneglass."),
@@ -68,8 +68,8 @@ def retriever(tmp_path_factory: pytest.TempPathFactory) -> BM25Retriever:
 
 def make(retriever, max_turns: int = 4, history_max_chars: int = 2000, reward_metric: str = "em", topk: int = 3,
          **system):
-    cfg = SystemConfig(
-        name="search", max_turns=max_turns, history_max_chars=history_max_chars, reward_metric=reward_metric,
+    cfg = SearchSettings(
+        max_turns=max_turns, history_max_chars=history_max_chars, reward_metric=reward_metric,
         **system,
     )
     return SearchOrchestra(cfg, ROLES, task=None, retriever=retriever, topk=topk)
@@ -319,7 +319,7 @@ def test_prompts_are_chat_messages_with_worked_examples_ending_with_the_request(
 def test_missing_role_is_named(retriever, missing: str) -> None:
     roles = {role: name for role, name in ROLES.items() if role != missing}
     with pytest.raises(ValueError, match=missing):
-        SearchOrchestra(SystemConfig(name="search"), roles, None, retriever)
+        SearchOrchestra(SearchSettings(), roles, None, retriever)
 
 
 @pytest.mark.parametrize(
@@ -339,7 +339,7 @@ def test_bad_settings_name_the_config_key(retriever, kwargs: dict, key: str) -> 
 
 def test_missing_retriever_is_an_error() -> None:
     with pytest.raises(ValueError, match="retriever"):
-        SearchOrchestra(SystemConfig(name="search"), ROLES, None, None)
+        SearchOrchestra(SearchSettings(), ROLES, None, None)
 
 
 def test_registries_find_orchestra_and_roles_by_name(retriever) -> None:

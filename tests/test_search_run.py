@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from drmas.cli import main as drmas_main
-from drmas.metrics import read_metrics
+from drmas.runtime.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 SEARCH_SMOKE = ROOT / "configs" / "search_smoke.yaml"
@@ -33,7 +33,9 @@ def test_search_smoke_trains_all_three_agents_and_its_checkpoint_evaluates(tmp_p
     eval_dir = tmp_path / "eval"
     assert drmas_main(["eval", "--config", str(SEARCH_SMOKE), "--checkpoint", str(ckpt), "eval.k=2",
                        "eval.max_questions=3", f"trainer.output_dir={eval_dir}", "logging.tensorboard=false"]) == 0
-    report = json.loads((eval_dir / "eval.json").read_text())
+    (evaluation,) = (eval_dir / "evals").iterdir()  # a directory of its own, named by the checkpoint
+    assert evaluation.name.startswith("step_2-k2-")
+    report = json.loads((evaluation / "eval.json").read_text())
     scores = report["benchmarks"]["multihop"]
     assert scores["k"] == 2 and scores["n_questions"] == 3
     assert 0 <= scores["avg@k"] <= scores["pass@k"] <= 1

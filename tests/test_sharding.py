@@ -29,15 +29,14 @@ import msgspec
 import numpy as np
 import pytest
 import torch
-
+from test_policy import _samples
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-from drmas import checkpoint
 from drmas.config.schema import AlgorithmConfig, OptimConfig
 from drmas.learner.policy import PolicyTrainer
-from drmas.learner.sharding import deal
-from drmas.models import load_model, load_tokenizer
-from test_policy import _samples
+from drmas.learner.ranks.sharding import deal
+from drmas.models import checkpoint
+from drmas.models.loading import load_model, load_tokenizer
 
 SPAWN_DEADLINE_S = 300.0
 # (aggregation, micro_batch_size): micro-batches of 1 give the ranks uneven pass counts (idle passes)
@@ -82,8 +81,8 @@ def _rank_main(rank: int, size: int, port: int, model_dir: str, samples, bad, ou
     update on rank 1; rank 0 saves what it saw."""
     import torch.distributed as dist
 
-    from drmas.learner.rank_group import BatchFanout, failure_reports, follow
-    from drmas.learner.sharding import ShardedRanks, init_ranks
+    from drmas.learner.ranks.group import BatchFanout, failure_reports, follow
+    from drmas.learner.ranks.sharding import ShardedRanks, init_ranks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """bench/stability.py end to end for two steps of one mode: the colocated loop really trains, the recorded
 calls feed the statistics, and under `global` the measured E[A^2] equals the paper's formula per agent (the
-figures of the README table come from exactly this path)."""
+figures of the table in docs/stability.md come from exactly this path)."""
 
 from __future__ import annotations
 
@@ -39,3 +39,10 @@ def test_two_global_steps_give_every_figure(tmp_path) -> None:
     table = bench.markdown({"summary": summary, "meta": {"setting": "tiny", "config": "c", "seeds": [0], "steps": 2,
                                                          "wall_s": run["wall_s"], "jobs": 1, "commit": "x"}})
     assert "| `global` | reviser |" in table and "| `global` | solver_model |" in table
+
+    # the figures come out with or without matplotlib (the `bench` extra): its absence costs only the plot
+    result = {"summary": summary, "runs": [run], "meta": {"setting": "tiny", "config": "c", "seeds": [0], "steps": 2,
+                                                         "wall_s": run["wall_s"], "jobs": 1, "commit": "x"}}
+    bench.write_outputs(result, tmp_path, tmp_path / "stability.png")
+    assert (tmp_path / "stability.json").is_file() and "| `global` |" in (tmp_path / "stability.md").read_text()
+    assert (tmp_path / "stability.png").is_file() == (importlib.util.find_spec("matplotlib") is not None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from drmas.staleness import admission_capacity, is_too_stale, version_lag
+from drmas.core.staleness import admission_capacity, is_too_stale, version_lag
 
 
 def test_version_lag_counts_updates_since_generation() -> None:

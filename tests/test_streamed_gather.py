@@ -1,5 +1,5 @@
 """A learner of 2 FSDP2 ranks (CPU, gloo) serves real rollout processes and writes its HF checkpoint with its
-weights gathered one parameter at a time as each pass reads them (`drmas.learner.gathered`), never the whole
+weights gathered one parameter at a time as each pass reads them (`drmas.learner.ranks.gathered`), never the whole
 model on rank 0.
 
 One spawn of 2 ranks, a 6-layer Qwen2 with a small vocabulary (so no single parameter is a large share of
@@ -12,7 +12,7 @@ the model, as in a real LLM's layers), two rollouts (`weight_harness` receivers,
   and must stay under a quarter of the model (measured: ~ the two largest parameters);
 - rollout b joins between steps and gets version 1 (join sync from rank 0's thread again);
 - the checkpoint's HF directory, written streamed into several safetensors files plus their index, loads
-  in transformers and through `drmas.models.load_model` with exactly those weights, and the DCP trainer
+  in transformers and through `drmas.models.loading.load_model` with exactly those weights, and the DCP trainer
   state beside it loads into a 1-process trainer with the same weights.
 """
 
@@ -29,11 +29,11 @@ import pytest
 import torch
 from weight_harness import CFG, cluster, digests
 
-from drmas import checkpoint
 from drmas.config.schema import AlgorithmConfig, OptimConfig
+from drmas.core.sample import Sample
 from drmas.learner.policy import PolicyTrainer
-from drmas.models import load_model, load_tokenizer
-from drmas.protocol import Sample
+from drmas.models import checkpoint
+from drmas.models.loading import load_model, load_tokenizer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -91,10 +91,11 @@ def _rank_main(rank: int, size: int, port: int, model_dir: str, samples, ports: 
                ckpt_root: str) -> None:
     import torch.distributed as dist
 
-    from drmas import hf_streamed
-    from drmas.learner.rank_group import BatchFanout, follow
-    from drmas.learner.sharding import ShardedRanks, init_ranks
-    from drmas.weights import WeightSender, WeightSyncConfig
+    from drmas.config.weights import WeightSyncConfig
+    from drmas.learner.ranks.group import BatchFanout, follow
+    from drmas.learner.ranks.sharding import ShardedRanks, init_ranks
+    from drmas.models import hf_streamed
+    from drmas.weights import WeightSender
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
     torch.set_num_threads(1)
@@ -192,7 +193,7 @@ def test_streamed_safetensors_are_what_the_safetensors_library_reads(tmp_path):
     from safetensors.torch import load_file
     from weight_harness import make_weights
 
-    from drmas.hf_streamed import write_safetensors
+    from drmas.models.hf_streamed import write_safetensors
     from drmas.weights import NamedTensors
 
     weights = make_weights(3, layers=3)  # 256 KiB each: a file apiece at a 300 kB cut

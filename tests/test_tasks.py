@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from drmas.config.schema import TaskConfig
+from drmas.config.tasks import ArithmeticSettings, MathFileSettings
 from drmas.tasks import TASKS, build_task
 from drmas.tasks.arithmetic import ArithmeticTask
 from drmas.tasks.base import Problem
@@ -19,7 +19,7 @@ from drmas.tasks.files import MathFileTask
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SMALL = TaskConfig(name="arithmetic", seed=3, n_train=300, n_test=40, min_operands=2, max_operands=4,
+SMALL = ArithmeticSettings(seed=3, n_train=300, n_test=40, min_operands=2, max_operands=4,
                    max_value=12, operations="+-*")
 
 
@@ -48,9 +48,9 @@ def test_unknown_task_name_suggests_the_close_one() -> None:
 
 
 def test_default_config_builds() -> None:
-    task = build_task(TaskConfig())
-    assert len(task.split("train")) == TaskConfig().n_train
-    assert len(task.split("test")) == TaskConfig().n_test
+    task = build_task(ArithmeticSettings())
+    assert len(task.split("train")) == ArithmeticSettings().n_train
+    assert len(task.split("test")) == ArithmeticSettings().n_test
 
 
 def test_same_seed_same_problems_and_different_seed_different() -> None:
@@ -178,7 +178,7 @@ WRITERS = {".jsonl": write_jsonl, ".parquet": write_parquet}
 
 
 def file_task(train: Path | None = None, test: Path | None = None) -> MathFileTask:
-    cfg = TaskConfig(name="math_file", train_file=str(train) if train else None,
+    cfg = MathFileSettings(train_file=str(train) if train else None,
                      test_file=str(test) if test else None)
     task = build_task(cfg)
     assert isinstance(task, MathFileTask)

@@ -15,8 +15,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from drmas.metrics import read_metrics  # noqa: E402
 from cli_run import run_cli  # noqa: E402
+
+from drmas.runtime.metrics import read_metrics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM = ["rollout.engine=vllm", "rollout.engine_args={kv_cache_memory_bytes: 67108864}", "trainer.threads=1",

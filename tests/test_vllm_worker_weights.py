@@ -16,12 +16,13 @@ import torch
 
 pytest.importorskip("vllm")
 
+from drmas.config.weights import WeightSyncConfig  # noqa: E402
 from drmas.engines.base import SamplingParams  # noqa: E402
 from drmas.engines.logprobs import sequence_logprobs  # noqa: E402
 from drmas.engines.vllm_engine import VLLMEngine  # noqa: E402
-from drmas.models import load_model  # noqa: E402
-from drmas.weights import WeightReceiver, WeightSender, WeightSyncConfig  # noqa: E402
-from drmas.weights.member import receiving_workers  # noqa: E402
+from drmas.models.loading import load_model  # noqa: E402
+from drmas.weights import WeightReceiver, WeightSender  # noqa: E402
+from drmas.weights.rollout.member import receiving_workers  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 PROMPT = [1, 2, 3, 4, 5]

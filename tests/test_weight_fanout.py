@@ -11,8 +11,9 @@ import pytest
 import zmq
 from weight_harness import CFG, cluster, digests, learner, make_weights
 
-from drmas.weights import NamedTensors, WeightSender, WeightSyncConfig, messages
-from drmas.weights.registry import Peer
+from drmas.config.weights import WeightSyncConfig
+from drmas.weights import NamedTensors, WeightSender, messages
+from drmas.weights.learner.peers import Peer
 from drmas.weights.relay import HopNames, plan_wave
 
 pytestmark = pytest.mark.timeout(90)

@@ -13,8 +13,8 @@ import pytest
 import torch
 from weight_harness import CFG, STARTED, cluster, digest, digests, learner, make_weights
 
-from drmas.weights import WeightReceiver, WeightSender, WeightSyncConfig, pack, plan_layout, unpack
-from drmas.weights import messages
+from drmas.config.weights import WeightSyncConfig
+from drmas.weights import WeightReceiver, WeightSender, messages, pack, plan_layout, unpack
 from drmas.weights.chunks import ALIGN, BufferPool, Unpacker
 from drmas.weights.transport import resolve_backend
 
@@ -112,11 +112,11 @@ def test_manifest_round_trips_through_msgpack() -> None:
 def test_config_validation() -> None:
     assert WeightSyncConfig().chunk_bytes == 32 << 20
     with pytest.raises(ValueError, match="timeout_s"):
-        WeightSyncConfig(timeout_s=0)
+        WeightSyncConfig(timeout_s=0).validate("weights")
     with pytest.raises(ValueError, match="backend"):
-        WeightSyncConfig(backend="mpi")
+        WeightSender("127.0.0.1", config=WeightSyncConfig(backend="mpi"))
     with pytest.raises(ValueError, match="peer_timeout_s"):
-        WeightSyncConfig(heartbeat_s=1.0, peer_timeout_s=1.5)
+        WeightSyncConfig(heartbeat_s=1.0, peer_timeout_s=1.5).validate("weights")
 
 
 def test_backend_resolution_on_cpu() -> None:
@@ -135,7 +135,7 @@ def test_receiver_without_learner_never_blocks() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     receiver = WeightReceiver(f"tcp://127.0.0.1:{port}", "lonely", lambda named, version, incarnation: None,
-                              join_retry_s=0.05).start()
+                              config=WeightSyncConfig(join_retry_s=0.05)).start()
     try:
         start = time.monotonic()
         assert receiver.poll() is None and not receiver.connected and receiver.version is None
@@ -150,7 +150,7 @@ def test_receiver_without_learner_never_blocks() -> None:
 def test_curve_keeps_unknown_rollouts_out_of_the_weight_sync() -> None:
     """With CURVE keys, a rollout without the cluster's client key never joins (so never learns the store
     port or a pair id), while a trusted one gets the weights; a non-loopback bind without keys is refused."""
-    from drmas.netsec import CurveClientKeys, CurveKeys, generate_keypair
+    from drmas.runtime.netsec import CurveClientKeys, CurveKeys, generate_keypair
 
     server_public, server_secret = generate_keypair()
     client_public, client_secret = generate_keypair()

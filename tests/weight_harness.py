@@ -21,7 +21,9 @@ from typing import Iterator
 import pytest
 import torch
 
-from drmas.weights import PushReport, WeightReceiver, WeightSender, WeightSyncConfig
+# Fast failure detection so the whole file stays well under a minute, with enough slack for a loaded
+from drmas.config.weights import WeightSyncConfig
+from drmas.weights import PushReport, WeightReceiver, WeightSender
 
 # Fast failure detection so the whole file stays well under a minute, with enough slack for a loaded
 # 2-core machine (a starved process must not look dead).
@@ -81,7 +83,7 @@ def _receiver_main(
                 time.sleep(slow_s)
         results.put((rid, version, seen))
 
-    receiver = WeightReceiver(endpoint, rid, apply, timeout_s=CFG["timeout_s"], join_retry_s=CFG["join_retry_s"],
+    receiver = WeightReceiver(endpoint, rid, apply, config=WeightSyncConfig(**CFG),
                               background=not poll_mode).start()
     while True:  # the parent kills us
         if poll_mode:

@@ -6,11 +6,11 @@ knows about models: samples stay msgpack.
 """
 
 from drmas.buffer.client import BufferConsumer, BufferProducer, BufferRejected, Rejection
-from drmas.buffer.config import BufferConfig
 from drmas.buffer.messages import AgentGroup, Stats
 from drmas.buffer.router import InsecureEndpointError
 from drmas.buffer.server import TrajectoryBuffer
 from drmas.buffer.store import QueuedGroup
+from drmas.config.buffer import BufferConfig
 
 __all__ = [
     "AgentGroup",

@@ -1,7 +1,7 @@
 """Admission control: how many new groups producers may start, per the staleness bound of every model.
 
 One group of a multi-agent episode feeds every model whose agents it calls, so a grant must respect all
-models at once: it is the minimum of `drmas.staleness.admission_capacity` over the models.
+models at once: it is the minimum of `drmas.core.staleness.admission_capacity` over the models.
 
 Bookkeeping per model (see `admission_capacity` for why these numbers):
 
@@ -28,7 +28,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
-from drmas.staleness import admission_capacity, is_too_stale
+from drmas.core.staleness import admission_capacity, is_too_stale
 
 
 @dataclass

@@ -19,9 +19,7 @@ from typing import Optional, Sequence
 
 import zmq
 
-from drmas.buffer.config import BufferConfig
 from drmas.buffer.framing import ClientReply, GroupBatchView, decode_client_reply, encode_frames, open_group
-from drmas.netsec import CurveClientKeys
 from drmas.buffer.messages import (
     Ack,
     Acks,
@@ -38,7 +36,9 @@ from drmas.buffer.messages import (
     VersionUpdate,
     encode_message,
 )
-from drmas.protocol import Sample
+from drmas.config.buffer import BufferConfig
+from drmas.core.sample import Sample
+from drmas.runtime.netsec import CurveClientKeys, client_keys
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +189,8 @@ class BufferProducer(_Client):
         endpoint: str,
         producer_id: str,
         *,
-        window: int = 8,
-        timeout_s: float = 30.0,
+        window: int = BufferConfig.window,
+        timeout_s: float = BufferConfig.request_timeout_s,
         curve: Optional[CurveClientKeys] = None,
         context: Optional[zmq.Context] = None,
         heartbeat_s: Optional[float] = None,
@@ -209,7 +209,7 @@ class BufferProducer(_Client):
 
     @classmethod
     def from_config(cls, config: BufferConfig, producer_id: str, **overrides) -> "BufferProducer":
-        options = dict(window=config.window, timeout_s=config.request_timeout_s, curve=config.client_curve(),
+        options = dict(window=config.window, timeout_s=config.request_timeout_s, curve=client_keys(config),
                        heartbeat_s=config.producer_timeout_s / 5)
         return cls(config.producer_endpoint, producer_id, **{**options, **overrides})
 
@@ -337,7 +337,7 @@ class BufferConsumer(_Client):
         self,
         endpoint: str,
         *,
-        timeout_s: float = 30.0,
+        timeout_s: float = BufferConfig.request_timeout_s,
         curve: Optional[CurveClientKeys] = None,
         context: Optional[zmq.Context] = None,
     ) -> None:
@@ -350,7 +350,7 @@ class BufferConsumer(_Client):
 
     @classmethod
     def from_config(cls, config: BufferConfig, **overrides) -> "BufferConsumer":
-        options = dict(timeout_s=config.request_timeout_s, curve=config.client_curve())
+        options = dict(timeout_s=config.request_timeout_s, curve=client_keys(config))
         return cls(config.consumer_endpoint, **{**options, **overrides})
 
     def pull(self, agents: Sequence[str], max_groups: int = 1, wait_ms: int = 0) -> list[AgentGroup]:

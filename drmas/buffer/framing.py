@@ -1,7 +1,7 @@
 """How buffer messages map onto ZeroMQ frames, and the views of them the buffer and its clients read.
 
 Message schema 3: a message is one msgpack head frame, followed -- for the two messages that carry samples,
-`EpisodeMsg` and `GroupBatch` -- by frames of samples (`drmas.protocol.encode_sample` bytes). The head lists
+`EpisodeMsg` and `GroupBatch` -- by frames of samples (`drmas.core.sample.encode_sample` bytes). The head lists
 every sample's size. A sample of `OWN_FRAME_BYTES` or more travels in a frame of its own; smaller ones are
 joined, in order, into one frame between two large ones (`pack`).
 
@@ -53,7 +53,7 @@ from drmas.buffer.messages import (
     encode_message,
     validate_episode,
 )
-from drmas.protocol import Sample, decode_sample, encode_sample, reason_of
+from drmas.core.sample import Sample, decode_sample, encode_sample, reason_of
 
 # A frame as it arrives (`zmq.Frame`, received with copy=False) or as it is built (bytes, memoryview); a
 # sample is one of these, or a memoryview of its part of a frame of joined samples.
@@ -264,7 +264,7 @@ def decode_message(data: Union[bytes, Sequence[FrameLike]], max_bytes: Optional[
 def open_group(view: AgentGroupView, checked: Optional[bool] = None) -> AgentGroup:
     """Decode every sample of one delivered group, and check them unless the buffer did (`view.checked`;
     `checked` overrides it); `MessageError` (reason: why the sample is refused, see
-    `drmas.protocol.reason_of`) if any is bad."""
+    `drmas.core.sample.reason_of`) if any is bad."""
     check = not (view.checked if checked is None else checked)
     samples = []
     for index, frame in enumerate(view.samples):

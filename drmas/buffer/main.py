@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from drmas.process import StopFlag, add_log_file, config_parser, load_or_exit, setup_logging
+from drmas.runtime.process import StopFlag, add_log_file, config_parser, load_or_exit, setup_logging
 
 log = logging.getLogger("drmas.buffer")
 
@@ -45,12 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_or_exit("drmas-buffer", args.config, args.overrides)
     setup_logging("buffer")
     stop = StopFlag()
-    from drmas import assembly
     from drmas.buffer.server import TrajectoryBuffer
-    from drmas.endpoints import EndpointError, require_fixed
-    from drmas.metrics import MetricsWriter
+    from drmas.config.derived import trained_agent_models
+    import zmq
 
-    agent_models = assembly.trained_agent_models(cfg)
+    from drmas.runtime.endpoints import EndpointError, listen_error, require_fixed
+    from drmas.runtime.metrics import MetricsWriter
+
+    agent_models = trained_agent_models(cfg)
     try:
         require_fixed(cfg, buffer=True)
         buffer = TrajectoryBuffer(
@@ -61,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except (EndpointError, ValueError) as exc:
         print(f"drmas-buffer: {exc}", file=sys.stderr)
         return 2
+    except zmq.ZMQError as exc:  # a port in use: not the config's fault for good (a launcher may retry), so 1
+        print(f"drmas-buffer: {listen_error(cfg, exc, buffer=True)}", file=sys.stderr)
+        return 1
     add_log_file(Path(cfg.trainer.output_dir) / "buffer")
     writer = MetricsWriter(Path(cfg.trainer.output_dir) / "buffer", tensorboard=cfg.logging.tensorboard)
     buffer.start()

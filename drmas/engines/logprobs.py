@@ -132,6 +132,7 @@ def sequence_logprobs(
     if len(temperatures) != rows:
         raise ValueError(f"got {len(temperatures)} temperatures for {rows} sequences")
     if max(len(r) for r in response_ids_list) == 0:
-        return [torch.zeros(0) for _ in range(rows)]
+        device = next(model.parameters()).device
+        return [torch.zeros(0, device=device) for _ in range(rows)]
     ids, mask, positions = left_pad([list(p) + list(r) for p, r in zip(prompt_ids_list, response_ids_list)], pad_id)
     return padded_response_logprobs(model, ids, mask, positions, [len(r) for r in response_ids_list], temperatures)

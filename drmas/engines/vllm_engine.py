@@ -16,7 +16,7 @@ What drmas needs from an engine and how vLLM is made to give it:
 * **Weights straight into the workers.** When the workers are not one object in this process (tensor or
   pipeline parallelism, or a GPU), each worker joins the learner's pair group and receives the broadcasts
   itself (`weight_ranks`, `connect_weights`, `receive_weights`: the `WorkerReceivers` side of
-  `drmas.weights.member`), NCCL into GPU memory when the learner sends CUDA tensors; each tensor-parallel
+  `drmas.weights.rollout.member`), NCCL into GPU memory when the learner sends CUDA tensors; each tensor-parallel
   worker loads the full tensors and keeps its shard.
 * **Request level.** `submit` / `step` are vLLM's own `add_request` / `step`: continuous batching, each
   request returned the step it finishes, so a multi-turn driver can submit an episode's next turn at once.
@@ -47,7 +47,7 @@ import torch
 
 from drmas.engines.base import Generation, SamplingParams, check_request
 from drmas.weights.chunks import Layout
-from drmas.weights.member import PairSpec
+from drmas.weights.rollout.member import PairSpec
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class VLLMEngine:
         from vllm import LLM
         from vllm.platforms import current_platform
 
-        from drmas.models import load_tokenizer
+        from drmas.models.loading import load_tokenizer
 
         args = check_engine_args(engine_args or {})
         if current_platform.is_cpu():

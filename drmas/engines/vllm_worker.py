@@ -11,7 +11,7 @@ Two ways the weights reach a worker:
 * ``drmas_load_weights``: the rollout process received them and hands them over by reference (an engine
   whose single worker lives in the rollout process);
 * ``drmas_weights_connect`` / ``_receive`` / ``_close``: the worker is itself a rank of the learner's pair
-  group (`drmas.weights.member`) and receives every broadcast unit on its own device -- NCCL straight into
+  group (`drmas.weights.rollout.member`) and receives every broadcast unit on its own device -- NCCL straight into
   GPU memory, one worker per tensor-parallel rank. Arguments cross the process boundary as msgpack bytes.
 
 One trap on CPU, measured: with tied input and output embeddings (SmolLM2, small Qwen models) the CPU
@@ -27,7 +27,7 @@ import msgspec
 import torch
 
 from drmas.weights.chunks import Layout
-from drmas.weights.member import PairMember, PairSpec
+from drmas.weights.rollout.member import PairMember, PairSpec
 
 
 class DrmasWorkerExtension:

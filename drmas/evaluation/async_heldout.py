@@ -12,9 +12,10 @@ import gc
 from pathlib import Path
 from typing import Optional
 
-from drmas import assembly, checkpoint
+from drmas import assembly
 from drmas.config.schema import DrmasConfig
 from drmas.evaluation.heldout import heldout_accuracy
+from drmas.models import checkpoint
 from drmas.rollout.episodes import EpisodeRunner
 from drmas.tasks.base import Task
 

@@ -3,7 +3,8 @@
 The evaluation is built from the same assembly functions as training (task, orchestra, engines, agent
 specs), so it works for any registered multi-agent system. Each question of each benchmark gets
 `eval.k` sampled episodes (temperature `eval.k_temperature`, top_p `eval.k_top_p` for every agent,
-per-call seeds from `trainer.seed`); results go to `trainer.output_dir` (see `outputs.py`).
+per-call seeds from `trainer.seed`); results go to a directory of the evaluation's own under
+`trainer.output_dir/evals/`, named by the checkpoint and a digest of the settings (see `outputs.py`).
 
 Setup (config, checkpoint, models, benchmarks) is done before any episode runs, and every mistake found
 there ends the command with exit code 2 and a message naming the key or path at fault.
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from drmas import assembly, checkpoint as run_checkpoint
+from drmas import assembly
 from drmas.config.schema import DrmasConfig
 from drmas.evaluation import outputs, resume
 from drmas.evaluation.behaviour import behaviour_stats
@@ -31,6 +32,7 @@ from drmas.evaluation.sampling import (
     sample_benchmark,
     validate_eval_config,
 )
+from drmas.models import checkpoint as run_checkpoint
 from drmas.rollout.episodes import EpisodeRunner
 from drmas.tasks.base import Problem
 
@@ -46,6 +48,7 @@ class Evaluation:
     cfg: DrmasConfig
     checkpoint: Optional[Path]
     step: int
+    out: Path  # this evaluation's directory (`outputs.evaluation_dir`)
     model_dirs: dict[str, Path]
     runner: EpisodeRunner
     benchmarks: dict[str, list[Problem]]
@@ -64,8 +67,11 @@ def prepare(cfg: DrmasConfig, checkpoint: Optional[Path], version: Optional[int]
     """Check the eval config, resolve model directories, build task, orchestra, engines and the runner.
 
     `checkpoint` is one checkpoint or a run directory (each trained model's newest complete checkpoint, or
-    `version`'s). Raises ValueError / FileNotFoundError / KeyError naming the config key or path at fault."""
+    `version`'s). Raises ValueError / FileNotFoundError / KeyError naming the config key or path at fault, and
+    ValueError when the evaluation's directory holds this evaluation already (unless `eval.resume`)."""
     validate_eval_config(cfg.eval)
+    checkpoint = None if checkpoint is None else checkpoint.resolve()  # one evaluation, however the path is written
+    assembly.require_packages(cfg)
     if cfg.trainer.threads > 0:
         import torch
 
@@ -81,9 +87,15 @@ def prepare(cfg: DrmasConfig, checkpoint: Optional[Path], version: Optional[int]
     runner = EpisodeRunner(orchestra, engines, eval_agent_specs(cfg), cfg.algorithm.invalid_penalty,
                            seed=cfg.trainer.seed)
     settings = resume.sample_settings(cfg, checkpoint, model_dirs, sources)
-    kept, done = resume.completed_questions(Path(cfg.trainer.output_dir), settings) if cfg.eval.resume else ([], {})
-    return Evaluation(cfg, checkpoint, evaluated_step(checkpoint, sources), model_dirs, runner, benchmarks,
-                      tuple(orchestra.agents), settings, kept, done, sources)
+    step = evaluated_step(checkpoint, sources)
+    out = outputs.evaluation_dir(Path(cfg.trainer.output_dir), checkpoint, step, settings)
+    if cfg.eval.resume:
+        kept, done = resume.completed_questions(out, settings)
+    else:
+        outputs.check_new_evaluation(out)
+        kept, done = [], {}
+    return Evaluation(cfg, checkpoint, step, out, model_dirs, runner, benchmarks, tuple(orchestra.agents), settings,
+                      kept, done, sources)
 
 
 def evaluated_step(checkpoint: Optional[Path], sources: dict[str, ModelSource]) -> int:
@@ -95,16 +107,18 @@ def evaluated_step(checkpoint: Optional[Path], sources: dict[str, ModelSource]) 
 
 def run_evaluation(ev: Evaluation, questions_per_chunk: Optional[int] = None,
                    log: Callable[[str], None] = print) -> dict:
-    """Sample every benchmark, write eval.json / eval.md / eval_questions.jsonl / TensorBoard scalars to
-    trainer.output_dir, and return the report (the content of eval.json)."""
+    """Sample every benchmark, write eval.json / eval.md / eval_questions.jsonl / TensorBoard scalars to the
+    evaluation's directory, and return the report (the content of eval.json)."""
     from tqdm import tqdm
+
+    from drmas.runtime.process import progress_bars_on
 
     cfg, k = ev.cfg, ev.cfg.eval.k
     if questions_per_chunk is None:
         questions_per_chunk = max(1, CHUNK_BATCHES * cfg.rollout.max_batch_size // k)
     total = sum(len(problems) for problems in ev.benchmarks.values()) * k
     start = time.perf_counter()
-    out = Path(cfg.trainer.output_dir)
+    out = ev.out
     done = ev.done
     for stale in (outputs.REPORT_FILE, outputs.MARKDOWN_FILE):  # never leave an earlier run's results beside
         (out / stale).unlink(missing_ok=True)  # this run's questions if it is interrupted
@@ -121,7 +135,7 @@ def run_evaluation(ev: Evaluation, questions_per_chunk: Optional[int] = None,
     runs: list[BenchmarkSamples] = []
     try:
         with tqdm(total=total, initial=resumed * k, desc="eval", unit="episode",
-                  disable=not cfg.logging.progress_bar) as bar:
+                  disable=not progress_bars_on(cfg.logging.progress_bar)) as bar:
             for name, problems in ev.benchmarks.items():
                 bar.set_postfix_str(name)
                 finished = {uid: outcomes for (bench, uid), outcomes in done.items() if bench == name}
@@ -179,7 +193,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> int:
     """Run `drmas eval`; exit code 2 (and a message on stderr) for a config, path or data mistake."""
-    from drmas.config import ConfigError, load_config
+    from drmas.assembly import load_config
+    from drmas.config import ConfigError
 
     try:
         cfg = load_config(args.config, args.overrides)

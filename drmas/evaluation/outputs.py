@@ -1,4 +1,12 @@
-"""Where `drmas eval` results go: eval.json, eval.md, eval_questions.jsonl, TensorBoard and the console.
+"""Where `drmas eval` results go: a directory of each evaluation's own, holding eval.json, eval.md,
+eval_questions.jsonl and its TensorBoard scalars, and the console.
+
+Each evaluation gets `<trainer.output_dir>/evals/<what>-k<k>-<digest>/`: `what` is the evaluated checkpoint
+(`step_<N>`, or `initial` for the config's models) and `digest` a hash of everything that decides its
+samples (`resume.sample_settings`: models and checkpoints, system, task, sampling, benchmarks), so two
+evaluations never write into one directory and TensorBoard shows each as a run of its own, named by what it
+evaluated. The same evaluation again is refused, as a second training run into one directory is: it would
+give the same samples; `eval.resume=true` continues an interrupted one or extends it with more questions.
 
 The report is one plain dict (see `command.build_report`); every sink renders that dict, so the JSON, the
 markdown table, the TensorBoard scalars and the rich table can never disagree. Per-question results are
@@ -8,18 +16,40 @@ interrupted evaluation can be resumed from them (see `resume.py`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from drmas.mas.base import EpisodeOutcome, TurnResult
+from drmas.runtime.run_dir import EVALS_DIR
 from drmas.tasks.base import Problem
 
 REPORT_FILE = "eval.json"
 MARKDOWN_FILE = "eval.md"
 QUESTIONS_FILE = "eval_questions.jsonl"
+
+
+def evaluation_dir(base: Path, checkpoint: Optional[Path], step: int, settings: dict) -> Path:
+    """The directory of the evaluation with these sample `settings` of `checkpoint` (at `step`) under `base`."""
+    what = "initial" if checkpoint is None else f"step_{step}"
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    return base / EVALS_DIR / f"{what}-k{settings['sampling']['k']}-{digest}"
+
+
+def check_new_evaluation(out: Path) -> None:
+    """ValueError when `out` already holds this evaluation (and eval.resume is not set): a rerun would only
+    sample the same episodes again, and used to overwrite eval.json and add its points to TensorBoard twice."""
+    if (out / REPORT_FILE).exists():
+        raise ValueError(f"{out} already holds this evaluation (the same checkpoint and sampling settings); its "
+                         f"results are in {out / REPORT_FILE}. eval.resume=true keeps its questions (a larger "
+                         "eval.max_questions adds new ones); delete the directory to sample it again")
+    log = out / QUESTIONS_FILE
+    if log.exists() and log.stat().st_size > 0:
+        raise ValueError(f"{out} holds an interrupted run of this evaluation ({QUESTIONS_FILE}, no {REPORT_FILE}): "
+                         "eval.resume=true finishes it; delete the directory to start it again")
 
 
 def write_report(out: Path, report: dict) -> Path:
@@ -123,11 +153,12 @@ def tensorboard_scalars(report: dict) -> dict[str, float]:
 
 
 def write_tensorboard(out: Path, report: dict) -> Path:
-    """Add the report's scalars at step = the checkpoint's step to `<out>/tensorboard`."""
+    """Add the report's scalars at step = the checkpoint's step to `<out>/tensorboard`; a resumed evaluation's
+    points replace the earlier ones (TensorBoard's `purge_step`), never stand beside them."""
     from torch.utils.tensorboard import SummaryWriter
 
     log_dir = out / "tensorboard"
-    writer = SummaryWriter(log_dir=str(log_dir))
+    writer = SummaryWriter(log_dir=str(log_dir), purge_step=report["step"])
     try:
         for tag, value in tensorboard_scalars(report).items():
             writer.add_scalar(tag, float(value), report["step"])

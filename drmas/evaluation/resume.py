@@ -8,7 +8,9 @@ equals an uninterrupted one's (up to float rounding of differently composed batc
 extends an evaluation: resume with a larger `eval.max_questions` and only the new questions run.
 
 Resuming is only sound when everything that decides the samples is unchanged, so `eval_run.json` records
-those settings when an evaluation starts, and a resume with different ones is refused, naming the keys.
+those settings when an evaluation starts. The settings also name the evaluation's directory
+(`outputs.evaluation_dir`), so a resume with different ones finds none of its own: it is refused, naming the
+keys that differ from the evaluation of the same checkpoint found beside it.
 """
 
 from __future__ import annotations
@@ -78,21 +80,14 @@ def completed_questions(out: Path, settings: dict) -> tuple[list[dict], dict[tup
     kill in mid-write, is dropped (that question is sampled again).
     """
     run_file, log_file = out / RUN_FILE, out / outputs.QUESTIONS_FILE
+    if not out.exists():
+        _refuse_other_settings(out, settings)
     if not run_file.exists():
         if log_file.exists() and log_file.stat().st_size > 0:
             raise ValueError(f"eval.resume: {log_file} has no {RUN_FILE} beside it (written by an older drmas?), "
-                             "so its settings are unknown; evaluate into a new trainer.output_dir")
+                             "so its settings are unknown; drop eval.resume to start a new evaluation")
         return [], {}
-    try:
-        previous = json.loads(run_file.read_text())["settings"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"eval.resume: {run_file} is not readable: {exc}") from None
-    if isinstance(previous, dict) and isinstance(previous.get("retrieval"), dict):
-        previous["retrieval"] = _without_transport(previous["retrieval"])  # eval_run.json files that recorded them
-    changed = sorted(_changed_keys(previous, settings))
-    if changed:
-        raise ValueError(f"eval.resume: the evaluation in {out} used other settings ({', '.join(changed)}); "
-                         "resume with the same ones or evaluate into a new trainer.output_dir")
+    _refuse_changed(out, _recorded_settings(run_file), settings)
     records, done = [], {}
     if log_file.exists():
         lines = log_file.read_text().splitlines()
@@ -109,6 +104,39 @@ def completed_questions(out: Path, settings: dict) -> tuple[list[dict], dict[tup
                 records.append(record)
                 done[key] = outcomes
     return records, done
+
+
+def _refuse_changed(out: Path, previous: dict, settings: dict) -> None:
+    changed = sorted(_changed_keys(previous, settings))
+    if changed:
+        raise ValueError(f"eval.resume: the evaluation in {out} used other settings ({', '.join(changed)}); "
+                         "resume with the same ones, or drop eval.resume to start a new evaluation (it gets a "
+                         "directory of its own)")
+
+
+def _refuse_other_settings(out: Path, settings: dict) -> None:
+    """No evaluation with these settings yet: if one of the same `--checkpoint` exists beside it (the newest),
+    the resume was meant for that one, with settings changed since (or a run directory whose newest
+    checkpoint changed): refuse, naming what differs."""
+    earlier = []
+    for run_file in out.parent.glob(f"*/{RUN_FILE}"):
+        recorded = _recorded_settings(run_file)
+        if recorded.get("checkpoint") == settings["checkpoint"]:
+            earlier.append((run_file.stat().st_mtime, run_file.parent, recorded))
+    if earlier:
+        _, where, recorded = max(earlier, key=lambda item: item[0])
+        _refuse_changed(where, recorded, settings)
+
+
+def _recorded_settings(run_file: Path) -> dict:
+    """The settings an evaluation recorded when it started (ValueError when the file cannot be read)."""
+    try:
+        previous = json.loads(run_file.read_text())["settings"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"eval.resume: {run_file} is not readable: {exc}") from None
+    if isinstance(previous, dict) and isinstance(previous.get("retrieval"), dict):
+        previous["retrieval"] = _without_transport(previous["retrieval"])  # eval_run.json files that recorded them
+    return previous
 
 
 def _without_transport(retrieval: dict) -> dict:

@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Sequence
 
 from drmas import assembly
 from drmas.config.schema import DrmasConfig, EvalConfig
-from drmas.errors import naming_key
+from drmas.core.errors import naming_key
 from drmas.mas.base import EpisodeOutcome
 from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 from drmas.tasks.base import Problem, Task
@@ -41,7 +41,8 @@ def eval_agent_specs(cfg: DrmasConfig) -> dict[str, AgentSpec]:
     (response lengths stay as configured)."""
     specs = assembly.agent_specs(cfg, temperature=cfg.eval.k_temperature)
     return {
-        name: dataclasses.replace(spec, sampling=dataclasses.replace(spec.sampling, top_p=cfg.eval.k_top_p))
+        name: spec if spec.sampling is None  # a scripted agent samples nothing
+        else dataclasses.replace(spec, sampling=dataclasses.replace(spec.sampling, top_p=cfg.eval.k_top_p))
         for name, spec in specs.items()
     }
 

@@ -2,27 +2,42 @@
 
 `pipeline.launcher` picks one of `LAUNCHERS`: `local` (OS processes of this machine, `drmas.launch.local`) or
 `ray` (Ray actors placed on a cluster, `drmas.launch.ray_launcher`). Both share the run around the processes
-(`drmas.launch.supervisor`); a backend module is imported only when chosen, so Ray stays an optional extra.
+(`drmas.launch.supervisor`). A launcher is a factory `(cfg, out) -> object with run() -> exit code`; the
+built-ins import their module only when chosen, so Ray stays an optional extra.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
-from typing import TYPE_CHECKING, TextIO
+from typing import Callable, TextIO
 
-if TYPE_CHECKING:  # the schema imports drmas.launch.ray_config: no import of it at run time here
-    from drmas.config.schema import DrmasConfig
+from drmas.config.schema import DrmasConfig
+from drmas.core.registry import Registry
 
-LAUNCHERS = {"local": "drmas.launch.local:LocalLauncher", "ray": "drmas.launch.ray_launcher:RayLauncher"}
+LAUNCHERS: Registry[Callable[[DrmasConfig, TextIO], object]] = Registry("launcher")
 
 
-def launch(cfg: "DrmasConfig", out: TextIO = sys.stdout) -> int:
-    module, name = LAUNCHERS[cfg.pipeline.launcher].split(":")
+@LAUNCHERS.register("local")
+def _local(cfg: DrmasConfig, out: TextIO):
+    from drmas.launch.local import LocalLauncher
+
+    return LocalLauncher(cfg, out)
+
+
+@LAUNCHERS.register("ray")
+def _ray(cfg: DrmasConfig, out: TextIO):
     try:
-        launcher = getattr(importlib.import_module(module), name)
+        from drmas.launch.ray_launcher import RayLauncher
     except ImportError as exc:
-        print(f"drmas: pipeline.launcher={cfg.pipeline.launcher} needs a package that is not installed ({exc}); "
-              f"pip install 'drmas[{cfg.pipeline.launcher}]'", file=sys.stderr)
+        raise ImportError(f"pipeline.launcher=ray needs a package that is not installed ({exc}); "
+                          "pip install 'drmas[ray]' (or `make ray`)") from exc
+    return RayLauncher(cfg, out)
+
+
+def launch(cfg: DrmasConfig, out: TextIO = sys.stdout) -> int:
+    try:
+        launcher = LAUNCHERS.lookup(cfg.pipeline.launcher, "pipeline.launcher")(cfg, out)
+    except (ImportError, ValueError) as exc:
+        print(f"drmas: {exc}", file=sys.stderr)
         return 2
-    return launcher(cfg, out).run()
+    return launcher.run()

@@ -3,8 +3,9 @@
 It adds nothing the processes cannot do when started by hand; what it shares with every launcher (output
 directory, models, held-out evaluation, restarts, stop order) is `drmas.launch.supervisor`. Here:
 
-* every port 0 is replaced by a free port of this machine (`assign_ports`), and the resulting config is
-  written to `<output_dir>/config.yaml`, which every child then loads, so all of them agree on the endpoints,
+* every port 0 (the default) is replaced by a free port of this machine (`assign_ports`), and the resulting
+  config is written to `<output_dir>/config.yaml`, which every child then loads, so all of them agree on the
+  endpoints; a port the config fixes must be free here, and a device it names present, before anything starts,
 * a learner with `models.<id>.ranks` > 1 is started through torchrun (its ranks on this machine's GPUs or
   cores, checked before anything starts),
 * under `pipeline.gpus` each learner and rollout sees its own GPUs (`drmas.launch.gpus`),
@@ -27,17 +28,18 @@ from urllib.parse import urlsplit
 
 from drmas import assembly
 from drmas.config.schema import DrmasConfig
-from drmas.devices import check_ranks
-from drmas.endpoints import learner_address
 from drmas.launch.gpus import GpuAssignment, visible_gpus
 from drmas.launch.supervisor import Child, Supervisor
+from drmas.models.devices import check_ranks, resolve_device
+from drmas.runtime.endpoints import BUFFER_ENDPOINTS, learner_address, unusable_ports
+from drmas.runtime.process import QUIET_PROGRESS_ENV
 
 
 def assign_ports(cfg: DrmasConfig) -> DrmasConfig:
     """A copy of `cfg` in which every port 0 (buffer endpoints, learner weight ports) is a free port."""
     cfg = copy.deepcopy(cfg)
     buf = cfg.pipeline.buffer
-    for key in ("producer_endpoint", "consumer_endpoint"):
+    for key in BUFFER_ENDPOINTS:
         parts = urlsplit(getattr(buf, key))
         if parts.scheme == "tcp" and parts.port in (None, 0):
             host = parts.hostname or "127.0.0.1"
@@ -81,17 +83,19 @@ def child_command(python: str, module: str, config: str, args: list[str], ranks:
 
 
 def pump_lines(stream, emit) -> None:
-    """Hand each line of a child's output to `emit` (tqdm's \\r updates become lines; blank lines dropped)."""
+    """Hand each line of a child's output to `emit` (a \\r still written by a bar ends a line; blank lines dropped)."""
     for raw in stream:
         for line in raw.decode(errors="replace").replace("\r", "\n").splitlines():
             if line.strip():
                 emit(line)
 
 
-def popen_session(command: list[str], **kwargs) -> subprocess.Popen:
-    """A child in a session of its own, output piped (stderr merged), no stdin."""
+def popen_session(command: list[str], env: Optional[dict] = None, **kwargs) -> subprocess.Popen:
+    """A child in a session of its own, output piped (stderr merged), no stdin, and no progress bars (each of
+    their updates would be a line of the merged log)."""
+    env = {**(os.environ if env is None else env), **QUIET_PROGRESS_ENV}
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, **kwargs)
+                            start_new_session=True, env=env, **kwargs)
 
 
 def signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -143,10 +147,20 @@ class LocalLauncher(Supervisor):
         self.gpus: GpuAssignment | None = None  # pipeline.gpus, checked against the GPUs we see
 
     def _check_machine(self) -> None:
-        for model_id in assembly.trained_models(self.cfg):  # the learners' ranks run on this machine
-            check_ranks(self.cfg.models[model_id].device, self.cfg.models[model_id].ranks, f"models.{model_id}.ranks")
-        if self.cfg.pipeline.gpus.active():
-            self.gpus = GpuAssignment(self.cfg.pipeline.gpus, visible_gpus())
+        """Every process runs here: the packages (vLLM) and devices the config asks for must be here, and so must
+        the ports it fixes (free, on an address of this machine). Refused before any process starts, naming the
+        key."""
+        cfg = self.cfg
+        assembly.require_packages(cfg)
+        for model_id, mcfg in cfg.models.items():
+            resolve_device(mcfg.device, f"models.{model_id}.device")
+        for model_id in assembly.trained_models(cfg):  # the learners' ranks run on this machine
+            check_ranks(cfg.models[model_id].device, cfg.models[model_id].ranks, f"models.{model_id}.ranks")
+        if cfg.pipeline.gpus.active():
+            self.gpus = GpuAssignment(cfg.pipeline.gpus, visible_gpus())
+        problems = unusable_ports(cfg, assembly.trained_models(cfg))
+        if problems:
+            raise ValueError("\n  ".join(problems))
 
     def gpus_of(self, role: str, args: list[str]) -> str | None:
         """A child's own CUDA_VISIBLE_DEVICES under `pipeline.gpus`, or None: it sees what we see."""

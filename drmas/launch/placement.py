@@ -1,30 +1,38 @@
-"""Endpoints and CURVE keys of a run whose processes are placed by a cluster (the Ray launcher), without Ray.
+"""Endpoints, CURVE keys and the CPUs of a run whose processes are placed by a cluster (the Ray launcher),
+without Ray.
 
 Where a process lands is known only once the cluster has placed it, so its endpoints are fixed afterwards:
 the buffer and every learner report their node's address and free ports chosen *on that node* (a port free
 on the driver's machine says nothing about another node), and `place_endpoints` writes them into the config
 every process then loads (buffer first, then learners; rollouts only connect). When any endpoint is not
 loopback the run's sockets are reachable from the network, where the buffer and the learners refuse to
-listen without CURVE (`drmas.netsec`), so `add_run_keys` generates one key set for the run (unless the
+listen without CURVE (`drmas.runtime.netsec`), so `add_run_keys` generates one key set for the run (unless the
 config names keys already) and every process gets it: a cluster node need not share a filesystem with the
 driver, so key files travel as text (`key_files`) and each host writes them next to its copy of the config
-(`localize`).
+(`localize`). So do the run's plugin files (`plugin_files`): a host that does not have one at the driver's
+path (no shared filesystem) imports the copy it was sent; a plugin module (a name, not a file) must be
+installed on every node. A local Ray the run starts for itself gets enough logical CPUs to place every
+process (`local_ray_cpus`).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 from urllib.parse import urlsplit
 
+import yaml
+
+from drmas.config.derived import trained_models
+from drmas.config.load import is_plugin_path
 from drmas.config.schema import DrmasConfig
-from drmas.endpoints import learner_address
-from drmas.keys import KEY_FIELDS, generate_keys
-from drmas.netsec import is_local_endpoint, is_loopback_host
+from drmas.runtime.endpoints import BUFFER_ENDPOINTS, learner_address
+from drmas.runtime.keys import KEY_FIELDS, generate_keys
+from drmas.runtime.netsec import is_local_endpoint, is_loopback_host
 
 LOOPBACK = "127.0.0.1"
-BUFFER_ENDPOINTS = ("producer_endpoint", "consumer_endpoint")
 
 
 def bind_host(mode: str, configured: str, node_ip: str, multi_node: bool) -> str:
@@ -63,6 +71,30 @@ def place_endpoints(cfg: DrmasConfig, buffer_ip: str, learner_ips: Mapping[str, 
     return cfg
 
 
+def processes_placed(cfg: DrmasConfig) -> int:
+    """Processes the run asks the cluster to place at the start: the buffer, every learner rank, every rollout."""
+    return 1 + sum(cfg.models[m].ranks for m in trained_models(cfg)) + cfg.pipeline.num_rollouts
+
+
+def local_ray_cpus(cfg: DrmasConfig, cores: int) -> int:
+    """Logical CPUs of the local Ray a run starts for itself (`pipeline.ray.address` null), enough to place
+    every process: `pipeline.ray.num_cpus`, or with 0 this machine's `cores` but at least what the processes
+    reserve (Ray's CPUs are a reservation count, not cores: five processes that each reserve one do run on two
+    cores; a local Ray of two would leave three of them waiting for room that never comes). ValueError naming
+    the key when a configured number cannot place the run."""
+    ray = cfg.pipeline.ray
+    asked = ray.cpus_per_process * processes_placed(cfg)
+    if ray.num_cpus == 0:
+        return max(cores, math.ceil(asked))
+    if ray.num_cpus < asked:
+        raise ValueError(
+            f"pipeline.ray.num_cpus={ray.num_cpus}: the run reserves {asked:g} CPUs on the local Ray "
+            f"(pipeline.ray.cpus_per_process={ray.cpus_per_process:g} x {processes_placed(cfg)} processes: the "
+            f"buffer, the learner ranks and pipeline.num_rollouts={cfg.pipeline.num_rollouts} rollouts); set it to "
+            f"at least {math.ceil(asked)}, or 0 to size it for the run")
+    return ray.num_cpus
+
+
 def exposed_endpoints(cfg: DrmasConfig, models) -> list[str]:
     """The endpoints of `cfg` other machines can reach (each one needs CURVE)."""
     endpoints = [getattr(cfg.pipeline.buffer, key) for key in BUFFER_ENDPOINTS]
@@ -91,9 +123,17 @@ def key_files(key_root: Optional[Path]) -> dict[str, str]:
     return {str(p.relative_to(key_root)): p.read_text() for p in sorted(key_root.rglob("*")) if p.is_file()}
 
 
-def localize(config_text: str, key_root: Optional[str], files: Mapping[str, str], dest: Path) -> Path:
+def plugin_files(cfg: DrmasConfig) -> dict[str, str]:
+    """Absolute path -> source of every plugin file the config imports (`plugins` entries that are files)."""
+    return {target: Path(target).read_text() for target in cfg.plugins if is_plugin_path(target)}
+
+
+def localize(config_text: str, key_root: Optional[str], files: Mapping[str, str], dest: Path,
+             plugins: Mapping[str, str] = {}) -> Path:
     """Write the key `files` under `dest/keys` (secrets readable by their owner only) and the config, with
-    the driver's `key_root` replaced by that directory, to `dest/config.yaml`; returns the config's path."""
+    the driver's `key_root` replaced by that directory, to `dest/config.yaml`; returns the config's path.
+    Each of the `plugins` files (driver path -> source) missing here, or different here, is written under
+    `dest/plugins/` and the config imports that copy."""
     dest.mkdir(parents=True, exist_ok=True)
     if key_root is not None and files:
         local = dest / "keys"
@@ -104,6 +144,24 @@ def localize(config_text: str, key_root: Optional[str], files: Mapping[str, str]
             if path.name.endswith("_secret"):
                 path.chmod(0o600)
         config_text = config_text.replace(key_root, str(local))
+    config_text = _local_plugins(config_text, plugins, dest / "plugins")
     config = dest / "config.yaml"
     config.write_text(config_text)
     return config
+
+
+def _local_plugins(config_text: str, plugins: Mapping[str, str], local: Path) -> str:
+    moved = {}
+    for path, source in plugins.items():
+        here = Path(path)
+        if here.is_file() and here.read_text() == source:
+            continue  # a shared filesystem: the driver's file itself
+        local.mkdir(parents=True, exist_ok=True)
+        copy = local / here.name
+        copy.write_text(source)
+        moved[path] = str(copy)
+    if not moved:
+        return config_text
+    data = yaml.safe_load(config_text)
+    data["plugins"] = [moved.get(entry, entry) for entry in data.get("plugins") or []]
+    return yaml.safe_dump(data, sort_keys=False)

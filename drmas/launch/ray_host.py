@@ -6,8 +6,8 @@ a child process and relays its output. That keeps one code path for every launch
 stop on SIGTERM, exit codes, `process.log`, torchrun's rank handling all stay those of the process), and
 lets the driver restart the process inside a living actor without Ray having to re-place it. The actor
 holds the node's resources (CPUs, GPUs via `CUDA_VISIBLE_DEVICES`, which the child inherits) for the
-process, finds free ports on its node, and writes the config (and the run's CURVE keys) it is given to a
-directory of its node before starting the child. The child is bound to the actor's life
+process, finds free ports on its node, and writes the config (and the run's CURVE keys and plugin files) it
+is given to a directory of its node before starting the child. The child is bound to the actor's life
 (PR_SET_PDEATHSIG): an actor killed by Ray or lost with its worker takes its process with it, so a
 restarted one never meets an orphan on its port.
 """
@@ -24,7 +24,7 @@ from typing import Optional
 
 from drmas.launch.local import child_command, free_ports, popen_session, pump_lines
 from drmas.launch.placement import localize
-from drmas.process import die_with_parent
+from drmas.runtime.process import die_with_parent
 
 
 class ProcessHost:
@@ -48,9 +48,9 @@ class ProcessHost:
         return free_ports(host, count)
 
     def start(self, module: str, args: list[str], ranks: int, config_text: str, key_root: Optional[str],
-              key_files: dict[str, str], cwd: str) -> int:
+              key_files: dict[str, str], cwd: str, plugins: Optional[dict[str, str]] = None) -> int:
         """Start the process (again) with the run's config written on this node; returns its pid."""
-        config = localize(config_text, key_root, key_files, self.dir)
+        config = localize(config_text, key_root, key_files, self.dir, plugins or {})
         command = child_command(sys.executable, module, str(config), args, ranks)
         self.proc = popen_session(command, cwd=cwd if os.path.isdir(cwd) else str(self.dir),
                                   preexec_fn=die_with_parent)  # not Linux: the actor's cleanup has to do

@@ -49,7 +49,7 @@ from drmas import assembly
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.launch.elastic import NAMESPACE, RolloutControl, use_ray_token_if_present
-from drmas.launch.placement import add_run_keys, key_files, place_endpoints
+from drmas.launch.placement import add_run_keys, key_files, local_ray_cpus, place_endpoints, plugin_files
 from drmas.launch.ray_host import ProcessHost
 from drmas.launch.supervisor import LOST, Child, PlacementError, Supervisor
 
@@ -98,7 +98,8 @@ class RayChild(Child):
         try:
             ip, actor_pid = launcher.call(self.host.where.remote())
             pid = launcher.call(self.host.start.remote(self.module, self.args, ranks, launcher.config_text,
-                                                       launcher.key_root, launcher.key_files, os.getcwd()))
+                                                       launcher.key_root, launcher.key_files, os.getcwd(),
+                                                       launcher.plugins))
         except RayActorError as exc:
             self.lost = True
             raise PlacementError(f"{self.name}: its Ray actor died while starting it ({exc})") from None
@@ -154,14 +155,15 @@ class RayLauncher(Supervisor):
         self.config_text = ""
         self.key_root: Optional[str] = None
         self.key_files: dict[str, str] = {}
+        self.plugins = plugin_files(cfg)  # their source travels to every host, as the keys do
 
     # ---- cluster -------------------------------------------------------------------------------------
     def _check_machine(self) -> None:
         """Join (or start) the Ray cluster and register the run's control actor; ValueError when neither works."""
         rc = self.ray_cfg
         kwargs: dict[str, Any] = dict(namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
-        if rc.address is None:
-            kwargs.update(num_cpus=rc.num_cpus or None, include_dashboard=False,
+        if rc.address is None:  # a Ray of its own, sized to place every process (or refused at once)
+            kwargs.update(num_cpus=local_ray_cpus(self.cfg, os.cpu_count() or 1), include_dashboard=False,
                           object_store_memory=rc.object_store_mb * 1024 * 1024)
         if use_ray_token_if_present(rc.address):
             ray._raylet.Config.initialize("")  # Ray read the mode at import; this is how it re-reads it itself
@@ -176,7 +178,8 @@ class RayLauncher(Supervisor):
             raise ValueError(f"pipeline.ray.control_name={rc.control_name!r}: another drmas run on this cluster "
                              "uses that name; give this one another") from None
         self._say("launcher", f"Ray cluster at {ray.get_runtime_context().gcs_address} "
-                              f"({len(self._alive_nodes())} node(s)); control actor {rc.control_name!r}")
+                              f"({len(self._alive_nodes())} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs); "
+                              f"control actor {rc.control_name!r}")
 
     def _alive_nodes(self) -> list[dict]:
         return [n for n in ray.nodes() if n.get("Alive")]

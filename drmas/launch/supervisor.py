@@ -3,15 +3,18 @@
 A launcher (local OS processes, Ray actors, ...) differs only in *where* a process runs and how its
 endpoints are found; the rest is one policy, kept here so both behave alike:
 
-* the output directory is claimed (refusing one that holds another run unless resuming or overwriting, see
-  `drmas.run_dir`) and every model is built once up front (children would otherwise all build the same
-  cached model at once); a model or directory it cannot use ends the run here, with a message (exit 2),
-  before any process starts,
+* everything that could refuse the run is checked before anything is written or started: the output
+  directory (one that holds another run is refused unless resuming or overwriting, see
+  `drmas.runtime.run_dir`), every data file (the task is built), every model (built once up front: children
+  would otherwise all build the same cached model at once), what the machine or cluster must offer (devices,
+  ports, CPUs) and the initial held-out evaluation; a refusal ends the run with one message (exit 2) and
+  leaves nothing behind, so the corrected command is not refused for a directory the failed one claimed.
+  Only then is the output directory claimed, the processes placed and their config written,
 * held-out problems are scored with the initial models before anything starts and with the learners' final
   checkpoints after they finish (`eval.n_problems`; see `drmas.evaluation.async_heldout`),
 * the buffer, one learner per trained model and `pipeline.num_rollouts` rollouts are started in that order,
   their output merged line by line behind a `[name]` prefix (each process also logs to its own directory),
-* a process that dies is restarted (`drmas.restarts`: bounded, with backoff; a learner with
+* a process that dies is restarted (`drmas.launch.restarts`: bounded, with backoff; a learner with
   `trainer.resume=true`, so it continues from its last checkpoint); the run ends when every learner has
   finished (0), when a process cannot be recovered (1: it refused its input, or used up its restarts; the
   launcher says which), or on SIGINT/SIGTERM (130): rollouts are stopped first (nothing new is generated),
@@ -35,8 +38,8 @@ from typing import Optional, TextIO
 from drmas import assembly
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
-from drmas.process import StopFlag
-from drmas.restarts import RestartBook
+from drmas.launch.restarts import RestartBook
+from drmas.runtime.process import StopFlag
 
 STOP_GRACE_S = 60.0
 STOP_ORDER = ("rollout", "learner", "buffer")
@@ -102,7 +105,7 @@ class Supervisor(ABC):
         self.restarts = RestartBook(cfg.pipeline.restarts)
         self._print_lock = threading.Lock()
         self.config_file: Optional[Path] = None
-        self.task = None  # the task, built once by `_prepare` (its data files read) for both held-out evaluations
+        self.task = None  # the task, built once by `_check` (its data files read) for both held-out evaluations
 
     # ---- what a backend provides ---------------------------------------------------------------------
     @abstractmethod
@@ -115,7 +118,8 @@ class Supervisor(ABC):
         """A not yet started process of this backend."""
 
     def _check_machine(self) -> None:
-        """Refuse (ValueError) what the processes could not get where they run."""
+        """Refuse (ValueError) what the processes could not get where they run: called before the output
+        directory is claimed, so it must write nothing there."""
 
     def _tick(self) -> None:
         """Called on every supervision round (elastic changes, output of remote processes)."""
@@ -126,21 +130,21 @@ class Supervisor(ABC):
     # ---- the run -------------------------------------------------------------------------------------
     def run(self) -> int:
         """0 when every learner finished its steps; 1 when a process could not be recovered; 2 when the run
-        could not start (output directory, models, placement); 130 when interrupted."""
+        could not start (output directory, data, models, machine, placement); 130 when interrupted."""
         stop = StopFlag()
         try:
+            accuracy = {}
             try:
-                run_dir = self._prepare()
+                self._check()
+                if not self.cfg.trainer.resume:  # builds the system as the rollouts will (its retriever's corpus
+                    accuracy["before"] = self._heldout("before")  # included): the same refusals, before anything
+                if stop.is_set():  # Ctrl-C during the checks or the initial evaluation: nothing written yet
+                    self._say("launcher", f"{stop.signal_name} received before any process started: stopping")
+                    return 130
+                run_dir = self._claim()
             except (FileNotFoundError, ValueError, ImportError) as exc:
                 print(f"drmas: {exc}", file=sys.stderr)
                 return 2
-            accuracy = {}
-            if not self.cfg.trainer.resume:
-                try:  # builds the system as the rollouts will (its retriever's corpus included): same refusals
-                    accuracy["before"] = self._heldout("before")
-                except (FileNotFoundError, ValueError) as exc:
-                    print(f"drmas: {exc}", file=sys.stderr)
-                    return 2
             try:
                 try:
                     self._start("buffer", "buffer", "drmas.buffer.main", [])
@@ -165,17 +169,26 @@ class Supervisor(ABC):
         finally:
             self._shutdown()
 
-    def _prepare(self) -> Path:
-        """Claim the output directory, build every model, place the processes and write the children's
-        config; raises (with a message naming the key or path) what would make the children fail."""
-        from drmas.run_dir import claim_output_dir
+    def _check(self) -> None:
+        """Everything that would make the run or its children fail, before anything is written: raises (with a
+        message naming the key or path) what cannot be used. Builds the task (reading every data file) and
+        every model (once, here, before the children need them)."""
+        from drmas.runtime.run_dir import check_output_dir
+
+        cfg = self.cfg
+        check_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
+        self.task = assembly.build_task(cfg)  # reads every data file (cheap, so first): a bad one stops the run here
+        for model_id in cfg.models:
+            assembly.model_path(cfg, model_id)
+        self._check_machine()
+
+    def _claim(self) -> Path:
+        """Claim the output directory, place the processes and write the children's config (`config.yaml`, the
+        directory's mark as a drmas run); returns the directory."""
+        from drmas.runtime.run_dir import claim_output_dir
 
         cfg = self.cfg
         run_dir = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
-        self.task = assembly.build_task(cfg)  # reads every data file (cheap, so first): a bad one stops the run here
-        for model_id in cfg.models:
-            assembly.model_path(cfg, model_id)  # build once, here, before the children need it
-        self._check_machine()
         self._place()
         self.config_file = run_dir / "config.yaml"
         self.config_file.write_text(to_yaml(self.cfg))
@@ -202,7 +215,7 @@ class Supervisor(ABC):
         scalars = {f"eval/accuracy_{tag}": value for tag, value in accuracy.items() if value is not None}
         if not scalars:
             return
-        from drmas.metrics import MetricsWriter
+        from drmas.runtime.metrics import MetricsWriter
 
         writer = MetricsWriter(run_dir / "eval", tensorboard=self.cfg.logging.tensorboard)
         writer.log(self.cfg.trainer.steps, scalars)

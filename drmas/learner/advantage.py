@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from drmas.config.schema import NORMALIZATIONS as MODES
+
 if TYPE_CHECKING:
     from drmas.config.schema import AlgorithmConfig
+    from drmas.core.sample import Sample
     from drmas.learner.running_stats import AgentRewardStats
-    from drmas.protocol import Sample
 
-MODES = ("global", "agent", "step_global")
 _POOLED = "__all__"
 
 

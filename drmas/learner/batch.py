@@ -12,7 +12,7 @@ computed over the whole group (`group_advantages`).
 The buffer already refuses to deliver data older than the bound at pull time; the learner checks again
 because the buffer may have restarted without knowing versions. A part with a too-stale sample, or with a
 sample of weights outside the learner's lineage (made by versions a killed learner published after its last
-checkpoint, see `drmas.lineage`), or with a sample the model cannot take (`drmas.learner.sample_limits`:
+checkpoint, see `drmas.core.lineage`), or with a sample the model cannot take (`drmas.learner.sample_limits`:
 token ids past its vocabulary, more tokens than its positions, non-finite values), is dropped whole (its
 agent's advantages need the whole part) and reported, so the buffer counts it and frees its admission slot
 for a replacement.
@@ -30,13 +30,13 @@ import numpy as np
 
 from drmas.buffer import AgentGroup, BufferConsumer
 from drmas.config.schema import AlgorithmConfig
+from drmas.core.lineage import Lineage
+from drmas.core.sample import Sample
+from drmas.core.staleness import is_too_stale
 from drmas.learner.advantage import compute_advantages, config_options, step_advantages
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.sample_limits import SampleLimits
-from drmas.lineage import Lineage
-from drmas.process import StopFlag
-from drmas.protocol import Sample
-from drmas.staleness import is_too_stale
+from drmas.runtime.process import StopFlag
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Learner-side collation: samples' packed arrays into padded tensors by whole-row copies, never per element.
 
-Samples arrive as int32/float32 numpy views (`drmas.packed`). Building a batch from them one Python number
+Samples arrive as int32/float32 numpy views (`drmas.core.packed`). Building a batch from them one Python number
 at a time (what `torch.tensor(list)` does) cost milliseconds per 32k-token sample; here each row is one
 numpy slice assignment into a preallocated array, then one `torch.from_numpy` and one transfer.
 
@@ -16,8 +16,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from drmas.core.sample import Sample
 from drmas.engines.logprobs import padded_response_logprobs
-from drmas.protocol import Sample
 
 
 def left_padded(samples: Sequence[Sample], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

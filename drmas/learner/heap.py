@@ -27,7 +27,6 @@ import os
 log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
-MAX_THRESHOLD_KB = 32 * 1024  # glibc refuses thresholds above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit)
 ENV = "MALLOC_MMAP_THRESHOLD_"
 
 

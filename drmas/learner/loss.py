@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+from drmas.config.schema import AGGREGATIONS
+
 # exp() of a larger log-ratio overflows float32; values beyond this are deep in the clipped region anyway.
 _MAX_LOG_RATIO = 20.0
 

@@ -6,7 +6,8 @@ import logging
 import os
 import sys
 
-from drmas.process import StopFlag, config_parser, die_with_torchrun, load_or_exit, setup_logging
+from drmas.assembly import load_or_exit
+from drmas.runtime.process import StopFlag, config_parser, die_with_torchrun, setup_logging
 
 log = logging.getLogger("drmas.learner")
 
@@ -20,8 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(f"learner-{args.model}")
     stop = StopFlag()
     from drmas import assembly
-    from drmas.endpoints import EndpointError, require_fixed
     from drmas.learner.worker import LearnerWorker
+    import zmq
+
+    from drmas.runtime.endpoints import EndpointError, listen_error, require_fixed
 
     trained = assembly.trained_models(cfg)
     if args.model not in trained:
@@ -36,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     except (EndpointError, FileNotFoundError, ValueError) as exc:
         print(f"drmas-learner: {exc}", file=sys.stderr)
         return 2
-    version = worker.run()
+    try:
+        version = worker.run()
+    except zmq.ZMQError as exc:  # its weight-sync port in use: one line, and a launcher may retry (exit 1)
+        print(f"drmas-learner: {listen_error(cfg, exc, learners=[args.model])}", file=sys.stderr)
+        return 1
     if stop.is_set():
         log.info("stopped by %s at version %d", stop.signal_name or "request", version)
     else:
@@ -46,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def follow_rank_0(cfg, model_id: str) -> int:
     """Ranks 1..N-1 of a model's learner: same model and trainer as rank 0, batches from it (see
-    `drmas.learner.rank_group`); they stop when rank 0 does (a signal is rank 0's to handle)."""
-    from drmas.learner.rank_group import BatchFanout, follow, learner_ranks
+    `drmas.learner.ranks.group`); they stop when rank 0 does (a signal is rank 0's to handle)."""
+    from drmas.learner.ranks.group import BatchFanout, follow, learner_ranks
     from drmas.learner.worker import trained_policy
 
     mcfg = cfg.models[model_id]

@@ -5,7 +5,7 @@ batch into `optim_steps_per_update` optimizer steps, accumulates gradients over 
 aggregate equals the loss over the whole step, and skips (and counts) a step whose gradient is not finite.
 
 The same update runs on one process or on N data-parallel ranks of one model (`ranks`, see
-`drmas.learner.ranks` and `drmas.learner.sharding`): every rank is given the whole batch, trains on its
+`drmas.learner.ranks.single` and `drmas.learner.ranks.sharding`): every rank is given the whole batch, trains on its
 share of each step, and normalises by the whole step, so the metrics and weights agree across ranks.
 """
 
@@ -21,12 +21,20 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.utils.rnn import pad_sequence
 
 from drmas.config.schema import AlgorithmConfig, OptimConfig
-from drmas.devices import training_autocast
+from drmas.core.sample import Sample
 from drmas.learner.collate import float_rows, response_logprobs
 from drmas.learner.loss import ppo_loss
-from drmas.learner.ranks import SingleRank
-from drmas.protocol import Sample
-from drmas.weights.source import WeightSource
+from drmas.learner.ranks.single import SingleRank
+from drmas.models.devices import compute_autocast, exact_float32
+from drmas.weights.learner.source import WeightSource
+
+
+_STOPPED = "asked to stop before the update's first optimizer step"
+
+
+class UpdateStopped(Exception):
+    """The update was abandoned at a safe point (asked to stop before its first optimizer step): weights,
+    optimizer state and step counters are as before it; the caller decides what happens to the batch."""
 
 
 class PolicyTrainer:
@@ -40,17 +48,23 @@ class PolicyTrainer:
         algorithm: AlgorithmConfig,
         agent_loss_weights: Mapping[str, float] | None = None,
         ranks: SingleRank | None = None,
+        compute_dtype: torch.dtype | None = None,
         activation_checkpointing: bool = True,
     ) -> None:
-        """``activation_checkpointing``: recompute each decoder layer's activations in the backward pass
-        (`checkpoint_layers`) instead of keeping every layer's from the forward."""
+        """`compute_dtype`: what the forward passes compute in (the precision contract of `drmas.models.devices`;
+        default: the parameters' dtype). ``activation_checkpointing``: recompute each decoder layer's activations
+        in the backward pass (`checkpoint_layers`) instead of keeping every layer's from the forward."""
         self.model_id = model_id
         self.ranks = ranks or SingleRank()
         if activation_checkpointing:
             checkpoint_layers(model, f"models.{model_id}.activation_checkpointing")
         self.model = self.ranks.prepare(model)  # sharded before the optimizer sees the parameters
         self.model.train()
-        self.device = next(model.parameters()).device  # float32 master weights here; autocast on CUDA
+        first = next(model.parameters())
+        self.device = first.device  # the master weights' device and dtype
+        self.compute_dtype = compute_dtype or first.dtype
+        self._autocast = lambda: compute_autocast(self.device, first.dtype, self.compute_dtype)
+        exact_float32(self.device)
         self.optim_cfg = optim
         self.alg = algorithm
         self.agent_loss_weights = dict(agent_loss_weights or {})
@@ -81,14 +95,15 @@ class PolicyTrainer:
         """Learner log-probs of every response token (no gradient), in sample order."""
         out: list[torch.Tensor | None] = [None] * len(samples)
         for idx, micro in self._micro_batches(samples):
-            with training_autocast(self.device):
+            with self._autocast():
                 lps = response_logprobs(self.model, micro)
             for i, lp in zip(idx, lps):
                 out[i] = lp.detach().float()
         return out  # type: ignore[return-value]
 
     def update(
-        self, samples: Sequence[Sample], advantages: np.ndarray, version: int | None = None
+        self, samples: Sequence[Sample], advantages: np.ndarray, version: int | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> dict[str, float]:
         """Take `optim_steps_per_update` optimizer steps on these samples; returns metrics named per model.
 
@@ -99,13 +114,23 @@ class PolicyTrainer:
         `version` is the version of these weights. Samples generated with that same version were sampled
         from exactly these weights, so their behaviour log-probs must equal the proximal ones; the largest
         difference per producer (`logp_diff/<model>/<producer>`) shows an engine serving wrong weights.
+
+        `should_stop`, asked between forward passes until the first optimizer step, abandons the update there
+        (`UpdateStopped`, nothing changed): a process told to stop does not spend a whole update (tens of
+        seconds for a real model on CPU) before it saves. After the first optimizer step the weights have
+        changed and the update is finished, so what is saved is always a whole version. One process only:
+        ranks of a sharded model would leave each other inside a collective.
         """
         if not samples:
             return {}
+        if should_stop is not None and self.ranks.size > 1:
+            should_stop = None
         chunks = np.array_split(np.arange(len(samples)), min(self.alg.optim_steps_per_update, len(samples)))
         proximal: list[torch.Tensor | None] = [None] * len(samples)
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
         if len(chunks) > 1:
+            if should_stop is not None and should_stop():
+                raise UpdateStopped(_STOPPED)
             later = self.ranks.share(np.concatenate(chunks[1:]), lengths)
             idle = self.ranks.missing_passes(self._passes(len(later)))
             for i, lp in zip(later, self.logprobs([samples[i] for i in later])):
@@ -115,8 +140,9 @@ class PolicyTrainer:
         weights = np.array([self.agent_loss_weights.get(s.agent, 1.0) for s in samples], dtype=np.float64)
         adv = np.asarray(advantages, dtype=np.float64) * weights
         sums: dict[str, list[float]] = defaultdict(list)
-        for chunk in chunks:
-            self._optimizer_step(chunk, samples, lengths, proximal, behaviour, adv, sums)
+        for index, chunk in enumerate(chunks):
+            self._optimizer_step(chunk, samples, lengths, proximal, behaviour, adv, sums,
+                                 should_stop if index == 0 else None)
         proximal = self.ranks.fill_rows(proximal, [len(s.response_ids) for s in samples])
         m = self.model_id
         on_policy = {} if version is None else on_policy_logp_diff(samples, proximal, behaviour, version)
@@ -135,10 +161,12 @@ class PolicyTrainer:
             f"tokens/{m}": float(sum(len(s.response_ids) for s in samples)),
         }
 
-    def _optimizer_step(self, step: np.ndarray, samples, lengths, proximal, behaviour, adv, sums) -> None:
+    def _optimizer_step(self, step: np.ndarray, samples, lengths, proximal, behaviour, adv, sums,
+                        should_stop: Callable[[], bool] | None = None) -> None:
         """One optimizer step over samples[step], accumulating micro-batch gradients; fills in missing
         proximal log-probs from the (pre-step) gradient pass. This rank's share is `chunk`; the normaliser
-        is the whole step's, so the gradients summed over ranks are the whole step's gradient."""
+        is the whole step's, so the gradients summed over ranks are the whole step's gradient. `should_stop`
+        is asked before every micro-batch (see `update`)."""
         self.optimizer.zero_grad(set_to_none=True)
         chunk = self.ranks.share(step, lengths)
         part = [samples[i] for i in chunk]
@@ -146,8 +174,11 @@ class PolicyTrainer:
         idle = self.ranks.missing_passes(self._passes(len(part)))
         loss_total, stats_acc = 0.0, defaultdict(list)
         for local, micro in self._micro_batches(part):
+            if should_stop is not None and should_stop():
+                self.optimizer.zero_grad(set_to_none=True)  # gradients of the passes made so far
+                raise UpdateStopped(_STOPPED)
             idx = [int(chunk[j]) for j in local]
-            with training_autocast(self.device):
+            with self._autocast():
                 logps = response_logprobs(self.model, micro)
             for i, lp in zip(idx, logps):
                 if proximal[i] is None:
@@ -201,7 +232,7 @@ class PolicyTrainer:
     def state_dict(self) -> dict:
         """Weights, AdamW state and step counters as `torch.distributed.checkpoint` saves and loads them:
         keyed by parameter name (not by the optimizer's parameter index), each rank holding only its shards
-        (DTensors) when sharded, so that a checkpoint of N ranks loads into M (see `drmas.checkpoint`).
+        (DTensors) when sharded, so that a checkpoint of N ranks loads into M (see `drmas.models.checkpoint`).
         DCP loads in place into these tensors; `load_state_dict` then hands them to the model and optimizer."""
         model, optimizer = get_state_dict(self.model, self.optimizer)
         return {"model": model, "optimizer": optimizer, "skipped_steps": self.skipped_steps,

@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from drmas.protocol import REASON_BAD_TOKEN, REASON_INVALID, REASON_NON_FINITE, REASON_TOO_LONG, Sample
+from drmas.core.sample import REASON_BAD_TOKEN, REASON_INVALID, REASON_NON_FINITE, REASON_TOO_LONG, Sample
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The colocated loop and the asynchronous learner log the same names from the same code, so their
 TensorBoard runs can be laid over each other. Only plain `{name: float}` dicts and arrays come out;
-`drmas.metrics` decides where they go.
+`drmas.runtime.metrics` decides where they go.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Sequence
 
 import numpy as np
 
+from drmas.core.sample import Sample
+from drmas.core.staleness import version_lag
 from drmas.learner.running_stats import ALL, AgentRewardStats
-from drmas.protocol import Sample
-from drmas.staleness import version_lag
 
 
 def _by_agent(samples: Sequence[Sample]) -> dict[str, list[int]]:

@@ -13,10 +13,14 @@ gradients and running statistics are rolled back, and the loop pulls the next ba
 `MAX_FAILED_UPDATES` failures in a row end the process (then something is wrong with the learner itself,
 and a supervisor restarting it with resume is the better remedy). A learner of N ranks cannot skip a
 batch: its other ranks are inside the failed update's collectives. It ends at once (`LearnerRanksFailed`),
-naming the rank that failed and why (`drmas.learner.rank_group`); resume continues from the last checkpoint.
+naming the rank that failed and why (`drmas.learner.ranks.group`); resume continues from the last checkpoint.
 
 When the learner reaches `trainer.steps` it tells the buffer it finished, so admission stops waiting for
 it: a peer learner that restarted behind it still gets groups.
+
+A stop signal (SIGTERM from a launcher, Ctrl-C by hand) ends the loop at the next safe point: while it waits
+for a batch, or during an update before the update's first optimizer step (the batch is abandoned, its
+groups untrained), never after a whole extra update; then the learner saves its version and exits 0.
 
 Everything this learner writes (metrics, TensorBoard, checkpoints) lives in `<output_dir>/learner-<model>/`,
 so learners of different models never share a file and a restarted learner resumes from its own state.
@@ -31,22 +35,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from drmas import assembly, checkpoint
+from drmas import assembly
 from drmas.buffer import BufferConsumer
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
-from drmas.endpoints import learner_address
+from drmas.core.lineage import Lineage
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
 from drmas.learner.heap import map_large_blocks
-from drmas.learner.policy import PolicyTrainer
-from drmas.learner.rank_group import BatchFanout, failure_reports, learner_ranks
+from drmas.learner.policy import PolicyTrainer, UpdateStopped
+from drmas.learner.ranks.group import BatchFanout, failure_reports, learner_ranks
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.sample_limits import SampleLimits
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars, staleness_scalars
-from drmas.lineage import Lineage
-from drmas.metrics import MetricsWriter, agent_line, reward_stats_line
-from drmas.process import StopFlag, add_log_file
-from drmas.run_dir import claim_output_dir
+from drmas.models import checkpoint
+from drmas.runtime.endpoints import learner_address
+from drmas.runtime.metrics import MetricsWriter, agent_line, reward_stats_line
+from drmas.runtime.netsec import server_keys
+from drmas.runtime.process import StopFlag, add_log_file
+from drmas.runtime.run_dir import claim_output_dir
 from drmas.weights import WeightSender
 
 log = logging.getLogger(__name__)
@@ -55,23 +61,24 @@ MAX_FAILED_UPDATES = 3  # failed updates in a row after which the learner gives 
 DROP_UPDATE_FAILED = "update_failed"
 
 
-def precision(device: torch.device, model: torch.nn.Module) -> str:
+def precision(trainer: PolicyTrainer) -> str:
     """How the learner computes, in words (the log line users check first on a GPU)."""
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return f"{dtype} weights, bfloat16 autocast" if device.type == "cuda" else f"{dtype}"
+    weights = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
+    compute = str(trainer.compute_dtype).removeprefix("torch.")
+    return f"{weights} weights" if compute == weights else f"{weights} weights, {compute} autocast"
 
 
 def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device):
     """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one); first
     sets this process's heap up for training (`drmas.learner.heap`)."""
-    from drmas.models import load_model
+    from drmas.models.loading import compute_dtype, load_model, torch_dtype
 
     mcfg = cfg.models[model_id]
     map_large_blocks(mcfg.heap_mmap_threshold_kb)
-    model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype)
-    model.to(device)
+    model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype, device=device)
     weights = {a: cfg.agents[a].loss_weight for a in assembly.trained_agents(cfg, model_id)}
     return PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks,
+                         compute_dtype=torch_dtype(compute_dtype(mcfg)),
                          activation_checkpointing=mcfg.activation_checkpointing), tokenizer
 
 
@@ -112,7 +119,8 @@ class LearnerWorker:
         self.sender = WeightSender.from_config(cfg.pipeline.weights, host, port, model=model_id,
                                                incarnation=self.lineage.incarnation,
                                                current_weights=self._current_weights,
-                                               curve=cfg.pipeline.buffer.server_curve(), device=self.device,
+                                               curve=server_keys(cfg.pipeline.buffer), device=self.device,
+                                               dtype=self.trainer.compute_dtype,
                                                joins_in_thread=self.source.concurrent)
         self.limits = SampleLimits.of_model(self.model, cfg.pipeline.buffer.max_sample_tokens)
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
@@ -141,10 +149,12 @@ class LearnerWorker:
         if cfg.trainer.resume:
             self._resume()
         (self.out / "config.yaml").write_text(to_yaml(cfg))
-        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard)
+        # a resumed learner logs the versions after its checkpoint again: never twice (see MetricsWriter)
+        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard,
+                               resumed_at=self.version if cfg.trainer.resume else None)
         self.sender.start()
         log.info("learner of %r (agents %s) at version %d on %s (%s); rollouts join %s (%s)", self.model_id,
-                 self.agents, self.version, self.device, precision(self.device, self.model), self.sender.endpoint,
+                 self.agents, self.version, self.device, precision(self.trainer), self.sender.endpoint,
                  self.sender.backend)
         try:
             self._report_version()
@@ -156,6 +166,11 @@ class LearnerWorker:
                     break
                 try:
                     scalars, hists = self._step(batch)
+                except UpdateStopped:
+                    log.info("stopped by %s during the update from version %d: the update is abandoned (its "
+                             "%d samples are not trained); saving version %d", self.stop.signal_name or "request",
+                             self.version, len(batch.samples), self.version)
+                    break
                 except UpdateFailed as exc:
                     failed_in_a_row += 1
                     self._drop_failed(batch, exc, failed_in_a_row)
@@ -206,8 +221,11 @@ class LearnerWorker:
             raise UpdateFailed(f"advantages: {exc!r}") from exc
         self.fanout.send(samples, adv)
         with self.sender.exclusive():
-            try:
-                scalars.update(self.trainer.update(samples, adv, version=self.version))
+            try:  # a stop signal abandons the update at its next safe point (one rank only, see `update`)
+                scalars.update(self.trainer.update(samples, adv, version=self.version, should_stop=self.stop.is_set))
+            except UpdateStopped:
+                self.stats.load_state_dict(stats_before)
+                raise
             except Exception as exc:  # before optimizer.step: the weights are unchanged
                 if self.trainer.ranks.size > 1:  # the other ranks are inside this update's collectives
                     raise self._ranks_failed("update", exc) from exc
@@ -220,6 +238,7 @@ class LearnerWorker:
         scalars.update({
             f"version/{m}": float(self.version),
             f"weight_sync/{m}/seconds": report.seconds,
+            f"weight_sync/{m}/mb": report.bytes / 1e6,  # per rollout, in the engines' dtype (the compute dtype)
             f"weight_sync/{m}/receivers": float(len(report.receivers_ok)),
             f"weight_sync/{m}/dropped": float(len(report.receivers_dropped)),
             f"weight_sync/{m}/learner_sends": float(report.learner_sends),  # passes over the model (1: flat)
@@ -294,9 +313,9 @@ class LearnerWorker:
         return path
 
     def _resume(self) -> bool:
+        log.info("%s", checkpoint.resume_line(self.out, unit="version"))
         ckpt = checkpoint.latest_checkpoint(self.out)
         if ckpt is None:
-            log.info("no checkpoint in %s: starting at version 0", self.out)
             return False
         state = checkpoint.load_run_state(ckpt)
         self.fanout.resume(self.trainer, ckpt, int(state["version"]))  # resharded onto our ranks

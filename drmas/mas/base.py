@@ -10,12 +10,23 @@ An episode may also yield a `ToolCall` (e.g. a retrieval) and is sent back the t
 to the orchestra (`Orchestra.tools`) but the driver makes the calls: it gathers the pending calls of all
 live episodes and makes one batched call per tool, so a retrieval server sees one request per round rather
 than one per episode.
+
+An agent turn is answered by an LLM, or by code when the agent's role is scripted (`ScriptedRole`, e.g. an
+environment): the orchestra yields the same `AgentTurn` either way, so which agents are models is the
+config's choice. A scripted turn makes no sample.
+
+Rewards: `EpisodeOutcome.reward` is the episode's task reward (what held-out evaluation reports as accuracy)
+and, unless the orchestra says otherwise, every turn's reward. An orchestra may reward turns differently
+(a verifier for a correct verdict, a tester for a test that catches a bug): `turn_rewards` gives each turn
+its own, `agent_rewards` each agent. Precedence, per turn: `turn_rewards[i]` when given and not None, else
+`agent_rewards[agent]` when the agent is named there, else `reward`. The format penalty
+(`algorithm.invalid_penalty`) is then subtracted per invalid turn, as always.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generator, Mapping, Protocol, Sequence, Union
+from typing import Any, Generator, Mapping, Optional, Protocol, Sequence, Union
 
 from drmas.tasks.base import Problem
 
@@ -26,6 +37,7 @@ class AgentTurn:
 
     agent: str
     messages: list[dict]  # [{"role": "system"|"user"|"assistant", "content": str}, ...]
+    state: Any = None  # for a scripted agent: what the orchestra hands it besides the messages (never sent to a model)
 
 
 @dataclass
@@ -57,12 +69,24 @@ class TurnResult:
 
 @dataclass
 class EpisodeOutcome:
-    """The end of an episode: the task reward shared by all its calls, and per-turn validity."""
+    """The end of an episode: its task reward, per-turn validity and, optionally, rewards per turn or agent
+    (see the module docstring for which reward a turn gets)."""
 
-    reward: float  # task reward in [0, 1]
-    turns: list[TurnResult]  # one per yielded AgentTurn, in order
+    reward: float  # task reward in [0, 1]: every turn's reward unless turn_rewards / agent_rewards say otherwise
+    turns: list[TurnResult]  # one per yielded AgentTurn, in order (scripted agents' turns included)
     final_answer: str = ""
     info: dict = field(default_factory=dict)  # orchestra statistics (rounds used, approvals, ...)
+    turn_rewards: Optional[list[Optional[float]]] = None  # one per turn (None entries: fall back, see above)
+    agent_rewards: Optional[dict[str, float]] = None  # agent name (not role) -> the reward of its turns
+
+    def turn_reward(self, index: int) -> float:
+        """The reward of turn `index` before the format penalty: turn_rewards, else agent_rewards, else reward."""
+        if self.turn_rewards is not None and self.turn_rewards[index] is not None:
+            return float(self.turn_rewards[index])
+        agent = self.turns[index].agent
+        if self.agent_rewards is not None and agent in self.agent_rewards:
+            return float(self.agent_rewards[agent])
+        return float(self.reward)
 
 
 EpisodeGenerator = Generator[Union[AgentTurn, ToolCall], Any, EpisodeOutcome]

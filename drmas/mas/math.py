@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generator, Mapping
 
-from drmas.config.schema import SystemConfig
+from drmas.config.systems import MathSettings
 from drmas.mas import ORCHESTRAS
-from drmas.mas.agents import AGENT_ROLES, APPROVE, VERDICTS, RoleAgent, TeamContext
+from drmas.mas.agents import AGENT_ROLES, APPROVE, RoleAgent, TeamContext
 from drmas.mas.base import AgentTurn, EpisodeGenerator, EpisodeOutcome, TurnResult
 from drmas.tasks.base import Problem, Task
 
@@ -38,13 +38,13 @@ class _Episode:
     malformed_verdicts: int = 0
 
 
-@ORCHESTRAS.register("math")
+@ORCHESTRAS.register("math", settings=MathSettings)
 class MathOrchestra:
     """Solver/verifier loop of the Math workflow (see the module docstring for the episode rules)."""
 
-    def __init__(self, system_cfg: SystemConfig, agents_by_role: Mapping[str, str], task: Task) -> None:
+    def __init__(self, system_cfg: MathSettings, agents_by_role: Mapping[str, str], task: Task) -> None:
         _check_roles(agents_by_role)
-        _check_system(system_cfg)
+        system_cfg.validate("system")
         self.max_rounds: int = system_cfg.max_rounds
         self.malformed_verdict: str = system_cfg.malformed_verdict
         self.task = task
@@ -110,12 +110,3 @@ def _check_roles(agents_by_role: Mapping[str, str]) -> None:
                 f"the math system needs an agent with role {role!r}; configured roles: {known}"
             )
 
-
-def _check_system(system_cfg: SystemConfig) -> None:
-    """Reject settings the episode logic cannot honour, naming the config key to fix."""
-    if system_cfg.max_rounds < 1:
-        raise ValueError(f"system.max_rounds must be >= 1, got {system_cfg.max_rounds}")
-    if system_cfg.malformed_verdict not in VERDICTS:
-        raise ValueError(
-            f"system.malformed_verdict must be one of {', '.join(VERDICTS)}, got {system_cfg.malformed_verdict!r}"
-        )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Generator, Mapping, Optional
 
-from drmas.config.schema import SystemConfig
+from drmas.config.systems import ReviseSettings
 from drmas.mas import ORCHESTRAS
 from drmas.mas.agents import _DEMO_ADD, _DEMO_SUB, AGENT_ROLES, SolverAgent, TeamContext
 from drmas.mas.base import AgentTurn, EpisodeGenerator, EpisodeOutcome, TurnResult
@@ -80,17 +80,16 @@ def _latest_answer(context: TeamContext) -> Optional[str]:
     return None
 
 
-@ORCHESTRAS.register("math_revise")
+@ORCHESTRAS.register("math_revise", settings=ReviseSettings)
 class ReviseOrchestra:
     """Solver, task-graded check, reviser on a wrong answer (see the module docstring)."""
 
-    def __init__(self, system_cfg: SystemConfig, agents_by_role: Mapping[str, str], task: Task) -> None:
+    def __init__(self, system_cfg: ReviseSettings, agents_by_role: Mapping[str, str], task: Task) -> None:
         for role in ROLES:
             if not agents_by_role.get(role):
                 known = ", ".join(f"{r}={n}" for r, n in agents_by_role.items()) or "none"
                 raise ValueError(f"the math_revise system needs an agent with role {role!r}; configured roles: {known}")
-        if system_cfg.max_rounds < 1:
-            raise ValueError(f"system.max_rounds must be >= 1, got {system_cfg.max_rounds}")
+        system_cfg.validate("system")
         self.max_attempts: int = system_cfg.max_rounds
         self.task = task
         self.solver_name: str = agents_by_role[SOLVER]

@@ -33,21 +33,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generator, Mapping, Optional, Sequence
 
-from drmas.config.schema import SystemConfig
+from drmas.config.systems import ROUTES, SearchSettings
 from drmas.mas import ORCHESTRAS
 from drmas.mas.agents import AGENT_ROLES, RoleAgent
 from drmas.mas.base import AgentTurn, EpisodeGenerator, EpisodeOutcome, ToolCall, TurnResult
 from drmas.mas.search_agents import YES, SearchContext
 from drmas.retrieval.base import Hit, Retriever
 from drmas.tasks.base import Problem, Task
-from drmas.tasks.qa_grading import check_metric, score_answer
+from drmas.tasks.qa_grading import score_answer
 
 ROUTER = "router"
 SEARCHER = "searcher"
 ANSWERER = "answerer"
 ROLES = (ROUTER, SEARCHER, ANSWERER)
 RETRIEVE = "retrieve"  # the tool name episodes call with a query
-MALFORMED_ANSWERS, MALFORMED_SEARCHES = "answer", "search"  # values of system.malformed_route
+MALFORMED_ANSWERS, MALFORMED_SEARCHES = ROUTES  # values of system.malformed_route
 
 
 class RetrievalTool:
@@ -74,7 +74,7 @@ class _Episode:
     retrieved_ids: list[str] = field(default_factory=list)
 
 
-@ORCHESTRAS.register("search")
+@ORCHESTRAS.register("search", settings=SearchSettings)
 class SearchOrchestra:
     """Router/searcher/answerer loop of the Search workflow (see the module docstring for the episode rules)."""
 
@@ -82,14 +82,14 @@ class SearchOrchestra:
 
     def __init__(
         self,
-        system_cfg: SystemConfig,
+        system_cfg: SearchSettings,
         agents_by_role: Mapping[str, str],
         task: Task,
         retriever: Retriever,
         topk: int = 3,
     ) -> None:
         _check_roles(agents_by_role)
-        _check_system(system_cfg)
+        system_cfg.validate("system")
         if retriever is None:
             raise ValueError("the search system needs a retriever (configure the `retrieval` section)")
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
@@ -187,14 +187,3 @@ def _check_roles(agents_by_role: Mapping[str, str]) -> None:
             known = ", ".join(f"{r}={n}" for r, n in agents_by_role.items()) or "none"
             raise ValueError(f"the search system needs an agent with role {role!r}; configured roles: {known}")
 
-
-def _check_system(system_cfg: SystemConfig) -> None:
-    """Reject settings the episode logic cannot honour, naming the config key to fix."""
-    if system_cfg.max_turns < 1:
-        raise ValueError(f"system.max_turns must be >= 1, got {system_cfg.max_turns}")
-    if system_cfg.history_max_chars < 1:
-        raise ValueError(f"system.history_max_chars must be >= 1, got {system_cfg.history_max_chars}")
-    check_metric(system_cfg.reward_metric, "system.reward_metric")
-    if system_cfg.malformed_route not in (MALFORMED_ANSWERS, MALFORMED_SEARCHES):
-        raise ValueError(f"system.malformed_route must be one of {MALFORMED_ANSWERS}, {MALFORMED_SEARCHES}, "
-                         f"got {system_cfg.malformed_route!r}")

@@ -3,7 +3,7 @@
 Importing this package is cheap (no index, model or torch import); the backends load on first use.
 """
 
+from drmas.config.retrieval import RetrievalConfig
 from drmas.retrieval.base import Hit, Passage, Retriever
-from drmas.retrieval.config import RetrievalConfig
 
 __all__ = ["Hit", "Passage", "RetrievalConfig", "Retriever"]

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Optional
 
-from drmas.netsec import is_loopback_host
+from drmas.runtime.netsec import is_loopback_host
 
 DENSE_DEFAULT = "default"  # `--dense` given without a directory: the offline all-MiniLM-L6-v2 package
 

@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 
 import msgspec
 
-from drmas.jsonl import jsonl_records
+from drmas.core.jsonl import input_file, jsonl_records
 from drmas.retrieval.base import Passage
 
 
@@ -57,12 +57,11 @@ def passage_from_row(row: object, where: str, require_id: bool = True) -> Passag
 def load_passages(path: str | Path, limit: Optional[int] = None) -> list[Passage]:
     """The passages of a jsonl corpus file, in file order (blank lines are skipped).
 
-    Raises FileNotFoundError for a missing file and CorpusError naming the file and the 1-based line number of
+    Raises FileNotFoundError for a missing file, CorpusError for a directory or an unreadable file, and
+    CorpusError naming the file and the 1-based line number of
     the first corrupt line (bad JSON, missing or mistyped field, duplicate id), or when the file holds no passage.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"corpus file not found: {path}")
+    path = input_file(path, "corpus file", CorpusError)
     passages: list[Passage] = []
     first_line_of: dict[str, int] = {}
     for where, lineno, row in jsonl_records(path, CorpusError):

@@ -1,36 +1,22 @@
 """Build the configured retriever (`retrieval.*` keys) for a task: what `drmas.assembly.build_orchestra` calls.
 
-The corpus is `retrieval.corpus` when set, else the task's own passages (the generated multi-hop world has
-them); the http backend needs neither, since the server holds its corpus.
+`RETRIEVERS` maps `retrieval.backend` to a factory `(cfg, task, show_progress) -> Retriever`; the built-ins
+register below and import their heavy dependencies only when chosen, and a plugin registers its own the
+same way. The corpus is `retrieval.corpus` when set, else the task's own passages (the generated multi-hop
+world has them); the http backend needs neither, since the server holds its corpus.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
-from drmas.errors import naming_key
+from drmas.config.retrieval import RetrievalConfig
+from drmas.core.errors import naming_key
+from drmas.core.registry import Registry
 from drmas.retrieval.base import Passage, Retriever
-from drmas.retrieval.config import RetrievalConfig
 
-BACKENDS = ("bm25", "dense", "http")
-
-
-def validate_retrieval_config(cfg: RetrievalConfig, prefix: str = "retrieval") -> None:
-    """Raise ValueError naming the first impossible `retrieval.*` value."""
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"{prefix}.backend: {cfg.backend!r} is not one of {', '.join(BACKENDS)}")
-    if isinstance(cfg.topk, bool) or not isinstance(cfg.topk, int) or cfg.topk < 1:
-        raise ValueError(f"{prefix}.topk: must be an integer >= 1, got {cfg.topk!r}")
-    if isinstance(cfg.batch_size, bool) or not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
-        raise ValueError(f"{prefix}.batch_size: must be an integer >= 1, got {cfg.batch_size!r}")
-    for key in ("retries", "max_queries_per_request"):
-        value, least = getattr(cfg, key), 0 if key == "retries" else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{prefix}.{key}: must be an integer >= {least}, got {value!r}")
-    if not cfg.timeout_s > 0:
-        raise ValueError(f"{prefix}.timeout_s: must be > 0, got {cfg.timeout_s!r}")
-    if cfg.backend == "http" and not str(cfg.url).startswith(("http://", "https://")):
-        raise ValueError(f"{prefix}.url: must be an http:// or https:// URL, got {cfg.url!r}")
+RetrieverFactory = Callable[[RetrievalConfig, Optional[object], bool], Retriever]
+RETRIEVERS: Registry[RetrieverFactory] = Registry("retriever")
 
 
 def corpus_for(cfg: RetrievalConfig, task: Optional[object]) -> list[Passage]:
@@ -53,18 +39,28 @@ def corpus_for(cfg: RetrievalConfig, task: Optional[object]) -> list[Passage]:
 
 def build_retriever(cfg: RetrievalConfig, task: Optional[object] = None, show_progress: bool = True) -> Retriever:
     """The retriever `cfg` describes, over `cfg.corpus` or the task's passages."""
-    validate_retrieval_config(cfg)
-    if cfg.backend == "http":
-        from drmas.retrieval.client import HttpRetriever
+    cfg.validate("retrieval")
+    return RETRIEVERS.lookup(cfg.backend, "retrieval.backend")(cfg, task, show_progress)
 
-        return HttpRetriever(cfg.url, timeout_s=cfg.timeout_s, retries=cfg.retries,
-                             max_queries_per_request=cfg.max_queries_per_request)
-    passages = corpus_for(cfg, task)
-    if cfg.backend == "bm25":
-        from drmas.retrieval.bm25 import BM25Retriever
 
-        return BM25Retriever(passages, index_dir=cfg.index_dir, show_progress=show_progress)
+@RETRIEVERS.register("http")
+def _http(cfg: RetrievalConfig, task: Optional[object], show_progress: bool) -> Retriever:
+    from drmas.retrieval.client import HttpRetriever
+
+    return HttpRetriever(cfg.url, timeout_s=cfg.timeout_s, retries=cfg.retries,
+                         max_queries_per_request=cfg.max_queries_per_request)
+
+
+@RETRIEVERS.register("bm25")
+def _bm25(cfg: RetrievalConfig, task: Optional[object], show_progress: bool) -> Retriever:
+    from drmas.retrieval.bm25 import BM25Retriever
+
+    return BM25Retriever(corpus_for(cfg, task), index_dir=cfg.index_dir, show_progress=show_progress)
+
+
+@RETRIEVERS.register("dense")
+def _dense(cfg: RetrievalConfig, task: Optional[object], show_progress: bool) -> Retriever:
     from drmas.retrieval.dense import DenseRetriever
 
-    return DenseRetriever(passages, model_dir=cfg.dense_model, index_dir=cfg.index_dir,
+    return DenseRetriever(corpus_for(cfg, task), model_dir=cfg.dense_model, index_dir=cfg.index_dir,
                           batch_size=cfg.batch_size, show_progress=show_progress)

@@ -2,7 +2,7 @@
 
 An index directory is named after everything its content depends on (corpus fingerprint, backend settings,
 format version), so reuse needs no staleness check: the same name means the same index. Directories are
-published atomically by `drmas.cache.build_once`.
+published atomically by `drmas.core.cache.build_once`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from drmas.cache import build_once, cache_dir
+from drmas.core.cache import build_once, cache_dir
 
 __all__ = ["build_once", "cache_key", "index_root"]
 

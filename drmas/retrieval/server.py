@@ -36,8 +36,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from drmas.retrieval.api import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUERIES, DEFAULT_MAX_TOPK, ApiLimits,
-                                 build_app)
+from drmas.retrieval.api import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUERIES, DEFAULT_MAX_TOPK, ApiLimits, build_app
 from drmas.retrieval.base import Retriever
 
 log = logging.getLogger(__name__)

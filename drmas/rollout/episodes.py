@@ -7,9 +7,12 @@ before the next step. An engine with continuous batching (vLLM) therefore never 
 episode of a "round"; an engine that generates batches (the embedded one) generates, per step, everything
 submitted since its last step, which is the round-by-round batching it was built for. `barrier=True`
 restores rounds for every engine (each step waits for all submitted turns), for comparison. Tool calls
-(`ToolCall`, e.g. retrievals) are batched: one call per tool for all the episodes waiting on it.
+(`ToolCall`, e.g. retrievals) are batched: one call per tool for all the episodes waiting on it. A turn of
+a scripted agent (`AgentSpec.script`: its role computes its turns) is answered at once, in the episode's
+own step, and makes no sample.
 
-The result is one `Sample` per agent call, rewards filled in. `run` drives a fixed set of episodes to their
+The result is one `Sample` per agent call of a model, rewards filled in: each turn's reward as the outcome
+gives it (`EpisodeOutcome.turn_reward`: per turn, per agent or the episode's), minus the format penalty. `run` drives a fixed set of episodes to their
 end (training steps, evaluation). `stream` keeps a rollout process busy instead: before every step it asks
 for new episodes, so finished ones are replaced at once, and hands each episode over the moment it ends.
 
@@ -23,23 +26,26 @@ while requests run, `hold(model)` (submit nothing new, let the running ones fini
 from __future__ import annotations
 
 import dataclasses
+import math
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
+from drmas.core.sample import Sample
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
 from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra, ToolCall
-from drmas.protocol import Sample
 from drmas.tasks.base import Problem
 
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """How one agent is served: its model id and its sampling parameters."""
+    """How one agent is served: its model id and its sampling parameters; or, for an agent whose role is
+    scripted, the code that computes its turns (`script(turn) -> reply text`; no model, no sampling)."""
 
     model: str
-    sampling: SamplingParams
+    sampling: Optional[SamplingParams]
+    script: Optional[Callable[[AgentTurn], str]] = None
 
 
 @dataclass
@@ -63,7 +69,7 @@ class _Call:
     agent: str
     model: str
     prompt_ids: list[int]
-    generation: Generation
+    generation: Optional[Generation]  # None: a scripted agent's turn (no sample)
 
 
 @dataclass
@@ -104,7 +110,7 @@ class EpisodeRunner:
         if missing:
             raise ValueError(f"the orchestra needs agents {missing} that are not configured")
         for name, spec in agents.items():
-            if spec.model not in engines:
+            if spec.script is None and spec.model not in engines:
                 raise ValueError(f"agent {name!r} uses model {spec.model!r} which has no engine")
         self.orchestra = orchestra
         self.tools = dict(getattr(orchestra, "tools", None) or {})
@@ -274,20 +280,38 @@ class EpisodeRunner:
         self, item: _Live, response: object, live: list[_Live], on_result: Callable[[EpisodeResult], None]
     ) -> None:
         """Send the response or tool result (None to start) and either queue what the episode asks for
-        next or finish the episode."""
-        try:
-            item.turn = item.episode.send(response)  # type: ignore[attr-defined]
-        except StopIteration as stop:
-            outcome: EpisodeOutcome = stop.value
-            on_result(EpisodeResult(item.request, outcome, self._samples(item, outcome)))
+        next or finish the episode. Scripted agents' turns are answered here, as they come."""
+        while True:
+            try:
+                item.turn = item.episode.send(response)  # type: ignore[attr-defined]
+            except StopIteration as stop:
+                outcome: EpisodeOutcome = stop.value
+                on_result(EpisodeResult(item.request, outcome, self._samples(item, outcome)))
+                return
+            if isinstance(item.turn, ToolCall):
+                if item.turn.tool not in self.tools:
+                    raise ValueError(f"orchestra called tool {item.turn.tool!r} which it does not provide "
+                                     f"(its tools: {sorted(self.tools) or 'none'})")
+            elif item.turn.agent not in self.agents:
+                raise ValueError(f"orchestra asked for agent {item.turn.agent!r} which is not configured")
+            elif self.agents[item.turn.agent].script is not None:
+                response = self._scripted(item)
+                continue
+            live.append(item)
             return
-        if isinstance(item.turn, ToolCall):
-            if item.turn.tool not in self.tools:
-                raise ValueError(f"orchestra called tool {item.turn.tool!r} which it does not provide "
-                                 f"(its tools: {sorted(self.tools) or 'none'})")
-        elif item.turn.agent not in self.agents:
-            raise ValueError(f"orchestra asked for agent {item.turn.agent!r} which is not configured")
-        live.append(item)
+
+    def _scripted(self, item: _Live) -> str:
+        """The reply of a scripted agent to the turn `item` waits for, recorded as a call without a sample."""
+        turn: AgentTurn = item.turn  # type: ignore[assignment]
+        try:
+            text = self.agents[turn.agent].script(turn)  # type: ignore[misc]
+        except Exception as exc:
+            raise RuntimeError(f"scripted agent {turn.agent!r} failed in episode {item.request.episode_id}: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(text, str):
+            raise TypeError(f"scripted agent {turn.agent!r} returned {type(text).__name__}, not the reply text")
+        item.calls.append(_Call(turn.agent, "", [], None))
+        return text
 
     def _samples(self, item: _Live, outcome: EpisodeOutcome) -> list[Sample]:
         if len(outcome.turns) != len(item.calls):
@@ -295,9 +319,12 @@ class EpisodeRunner:
                 f"orchestra reported {len(outcome.turns)} turns for {len(item.calls)} calls in episode "
                 f"{item.request.episode_id}"
             )
+        rewards = self._turn_rewards(item, outcome)
         samples = []
         for index, (call, turn) in enumerate(zip(item.calls, outcome.turns)):
-            reward = outcome.reward - self.invalid_penalty * (0.0 if turn.valid else 1.0)
+            if call.generation is None:
+                continue  # a scripted agent's turn: no tokens to train on
+            reward = rewards[index] - self.invalid_penalty * (0.0 if turn.valid else 1.0)
             samples.append(
                 Sample(
                     episode_id=item.request.episode_id,
@@ -317,3 +344,26 @@ class EpisodeRunner:
                 )
             )
         return samples
+
+    def _turn_rewards(self, item: _Live, outcome: EpisodeOutcome) -> list[float]:
+        """Each turn's reward before the format penalty; refuses rewards that cannot be trained on (a length
+        other than the turns', an agent name the config does not have, a value that is not a finite number)."""
+        where = f"episode {item.request.episode_id}"
+        if outcome.turn_rewards is not None and len(outcome.turn_rewards) != len(outcome.turns):
+            raise RuntimeError(f"orchestra returned {len(outcome.turn_rewards)} turn_rewards for "
+                               f"{len(outcome.turns)} turns in {where}")
+        unknown = sorted(set(outcome.agent_rewards or ()) - set(self.agents))
+        if unknown:
+            raise RuntimeError(f"orchestra returned agent_rewards for {unknown} in {where}, which are not agents "
+                               f"(agents: {sorted(self.agents)}); key them by agent name, not role")
+        rewards = []
+        for index in range(len(outcome.turns)):
+            try:
+                value = outcome.turn_reward(index)
+            except (TypeError, ValueError):
+                value = math.nan
+            if not math.isfinite(value):
+                raise RuntimeError(f"orchestra returned a reward that is not a finite number for turn {index} "
+                                   f"({outcome.turns[index].agent}) in {where}")
+            rewards.append(value)
+        return rewards

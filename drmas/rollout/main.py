@@ -6,7 +6,8 @@ import logging
 import sys
 from pathlib import Path
 
-from drmas.process import StopFlag, add_log_file, config_parser, load_or_exit, setup_logging
+from drmas.assembly import load_or_exit
+from drmas.runtime.process import StopFlag, add_log_file, config_parser, setup_logging
 
 log = logging.getLogger("drmas.rollout")
 
@@ -24,13 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     add_log_file(Path(cfg.trainer.output_dir) / f"rollout-{args.index}")
     stop = StopFlag()
     from drmas import assembly
-    from drmas.endpoints import EndpointError, require_fixed
     from drmas.rollout.worker import RolloutWorker
+    from drmas.runtime.endpoints import EndpointError, require_fixed
 
     try:
         require_fixed(cfg, buffer=True, learners=assembly.trained_models(cfg))
         worker = RolloutWorker(cfg, args.index, stop)
-    except (EndpointError, FileNotFoundError, ValueError) as exc:
+    except (EndpointError, FileNotFoundError, ValueError, ImportError) as exc:  # ImportError: an engine's package
         print(f"drmas-rollout: {exc}", file=sys.stderr)
         return 2
     worker.run()

@@ -8,9 +8,9 @@ One `EpisodeRunner.stream` runs for the life of the process. Before every engine
   released. Live episodes simply continue with the new weights; their later turns carry the new version.
   Where the loop cannot wait (blocked on buffer credit, see below) the running requests are aborted instead
   and submitted again after the load;
-* tops the live GRPO groups up to `groups_in_flight`, but only as many as the buffer grants: the grant
-  follows every model's staleness bound, so a group that would be too stale by the time a learner could
-  train it is never started.
+* tops the live GRPO groups up to `groups_in_flight` (by default: enough to fill every engine's batch),
+  but only as many as the buffer grants: the grant follows every model's staleness bound, so a group that
+  would be too stale by the time a learner could train it is never started.
 
 A finished episode goes to the buffer at once with the samples of trained agents only (nothing else would
 ever leave the buffer) and the rewards of the other calls (frozen agents), which still count in the episode's
@@ -36,13 +36,14 @@ import torch
 from drmas import assembly
 from drmas.buffer import BufferProducer
 from drmas.config.schema import DrmasConfig
-from drmas.endpoints import learner_endpoint
-from drmas.metrics import MetricsWriter
-from drmas.process import StopFlag
 from drmas.rollout.episodes import EpisodeRequest, EpisodeResult, EpisodeRunner
+from drmas.runtime.endpoints import learner_endpoint
+from drmas.runtime.metrics import MetricsWriter
+from drmas.runtime.netsec import client_keys
+from drmas.runtime.process import StopFlag
 from drmas.tasks.sampler import ProblemSampler
 from drmas.weights import WeightReceiver
-from drmas.weights.member import receiving_workers
+from drmas.weights.rollout.member import receiving_workers
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,17 @@ class _Meter:
         self.apply_s: Counter[str] = Counter()
 
 
+def groups_in_flight(cfg: DrmasConfig, models: int) -> int:
+    """`pipeline.groups_in_flight`, or by default the groups that fill every served engine's batch: episodes
+    wait on one model at a time, so `models` engines of `max_batch_size` rows need that many times the
+    episodes (on a GPU a decode step costs about the same for any number of rows: an engine half full
+    makes half the tokens)."""
+    if cfg.pipeline.groups_in_flight:
+        return cfg.pipeline.groups_in_flight
+    full = -(-models * cfg.rollout.max_batch_size // cfg.rollout.group_size)
+    return max(cfg.rollout.prompts_per_step, full)
+
+
 class RolloutWorker:
     def __init__(self, cfg: DrmasConfig, index: int, stop: StopFlag) -> None:
         self.cfg, self.stop = cfg, stop
@@ -77,14 +89,14 @@ class RolloutWorker:
             torch.set_num_threads(cfg.trainer.threads)
         task = assembly.build_task(cfg)
         self.sampler = ProblemSampler(task.split("train"), seed=cfg.trainer.seed * 1000 + index)
-        served = sorted({a.model for a in cfg.agents.values()})
+        served = sorted({a.model for a in cfg.agents.values() if a.model})  # none: a scripted agent
         self.engines = {m: assembly.build_engine(cfg, m, assembly.model_path(cfg, m), cfg.trainer.seed + index)
                         for m in served}
         self.trained_agents = assembly.trained_agent_models(cfg)
         self.receivers = {
             m: WeightReceiver.from_config(cfg.pipeline.weights, learner_endpoint(cfg, m), self.name,
                                           self.engines[m].load_weights, model=m,
-                                          curve=cfg.pipeline.buffer.client_curve(),
+                                          curve=client_keys(cfg.pipeline.buffer),
                                           workers=receiving_workers(self.engines[m]))
             for m in assembly.trained_models(cfg)
         }
@@ -94,7 +106,7 @@ class RolloutWorker:
         self.runner = EpisodeRunner(assembly.build_orchestra(cfg, task), self.engines, assembly.agent_specs(cfg),
                                     cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds)
         self.group_size = cfg.rollout.group_size
-        self.target_groups = cfg.pipeline.groups_in_flight or cfg.rollout.prompts_per_step
+        self.target_groups = groups_in_flight(cfg, len(served))
         self.open_groups: dict[str, int] = {}  # group id -> episodes not finished yet
         self.groups_started = 0
         self.rejected: Counter[str] = Counter()

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 from typing import Callable
 
-from drmas.config.schema import TaskConfig
-from drmas.registry import Registry
+from drmas.config.sections import TASK_SETTINGS, TaskSettings
+from drmas.core.registry import Registry
 from drmas.tasks.base import Problem, Task
 
-TaskFactory = Callable[[TaskConfig], Task]
+TaskFactory = Callable[[TaskSettings], Task]
 
-TASKS: Registry[TaskFactory] = Registry("task")
+# name -> task factory `(settings) -> Task`; `register(name, settings=C)` also makes C the settings class of
+# `task.*` when `task.name` is that name
+TASKS: Registry[TaskFactory] = Registry("task", settings=TASK_SETTINGS)
 
 # Imported for their registration side effect; must come after TASKS exists.
 from drmas.tasks import arithmetic, files, multihop, qa_files  # noqa: E402,F401
 
 
-def build_task(cfg: TaskConfig) -> Task:
+def build_task(cfg: TaskSettings) -> Task:
     """The task named by `cfg.name`, built from `cfg` (unknown names fail with the known ones listed)."""
     return TASKS.get(cfg.name)(cfg)
 

@@ -21,12 +21,12 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from drmas.config.schema import TaskConfig
+from drmas.config.tasks import OPERATIONS as SUPPORTED_OPERATIONS
+from drmas.config.tasks import ArithmeticSettings
 from drmas.tasks import TASKS
 from drmas.tasks.base import Problem
 from drmas.tasks.grading import grade_answer
 
-SUPPORTED_OPERATIONS = "+-*"
 SPLITS = ("train", "test")
 # Draws allowed per wanted problem before the space is declared too small. Uniform draws collect a space
 # of N items in about N * ln(N) draws; 50 per problem leaves a wide margin for every practical size.
@@ -115,32 +115,13 @@ def apply_op(total: int, op: str, value: int) -> int:
     raise ValueError(f"unknown operation {op!r}; supported: {SUPPORTED_OPERATIONS!r}")
 
 
-def validate_config(cfg: TaskConfig) -> None:
-    """Reject knob values that cannot describe a problem space, naming the knob to fix."""
-    if cfg.n_train < 0 or cfg.n_test < 0:
-        raise ValueError(f"task.n_train and task.n_test must be >= 0 (got {cfg.n_train}, {cfg.n_test})")
-    if cfg.min_operands < 2:
-        raise ValueError(f"task.min_operands must be >= 2 (a problem needs one operation); got {cfg.min_operands}")
-    if cfg.max_operands < cfg.min_operands:
-        raise ValueError(
-            f"task.max_operands ({cfg.max_operands}) must be >= task.min_operands ({cfg.min_operands})"
-        )
-    if cfg.max_value < 1:
-        raise ValueError(f"task.max_value must be >= 1; got {cfg.max_value}")
-    unknown = sorted(set(cfg.operations) - set(SUPPORTED_OPERATIONS))
-    if not cfg.operations or unknown:
-        raise ValueError(
-            f"task.operations must be a non-empty subset of {SUPPORTED_OPERATIONS!r}; got {cfg.operations!r}"
-        )
-
-
-def space_upper_bound(cfg: TaskConfig) -> int:
+def space_upper_bound(cfg: ArithmeticSettings) -> int:
     """Number of skeletons ignoring the no-negative rule: an exact cap used to fail fast when it is too small."""
     n_ops = len(set(cfg.operations))
     return sum(n_ops ** (n - 1) * cfg.max_value**n for n in range(cfg.min_operands, cfg.max_operands + 1))
 
 
-def draw_skeleton(rng: random.Random, cfg: TaskConfig) -> Skeleton | None:
+def draw_skeleton(rng: random.Random, cfg: ArithmeticSettings) -> Skeleton | None:
     """One random skeleton, or None when a removal would exceed the count held (the draw is discarded).
 
     The operand count is uniform over [min_operands, max_operands] so short and long problems are equally
@@ -162,7 +143,7 @@ def draw_skeleton(rng: random.Random, cfg: TaskConfig) -> Skeleton | None:
     return Skeleton(tuple(operands), tuple(ops))
 
 
-def draw_test_skeletons(rng: random.Random, cfg: TaskConfig) -> list[Skeleton]:
+def draw_test_skeletons(rng: random.Random, cfg: ArithmeticSettings) -> list[Skeleton]:
     """`cfg.n_test` distinct skeletons in draw order; ValueError naming the knobs when too few exist."""
     wanted = cfg.n_test
     if space_upper_bound(cfg) < wanted:
@@ -181,7 +162,7 @@ def draw_test_skeletons(rng: random.Random, cfg: TaskConfig) -> list[Skeleton]:
     return pool
 
 
-def draw_train_problems(rng: random.Random, cfg: TaskConfig, held_out: set[Skeleton]) -> list[Problem]:
+def draw_train_problems(rng: random.Random, cfg: ArithmeticSettings, held_out: set[Skeleton]) -> list[Problem]:
     """`cfg.n_train` problems with distinct texts whose skeletons are not `held_out`.
 
     A skeleton may come back under different wording (names, items, sentences); the text check keeps
@@ -210,7 +191,7 @@ def _draw_budget(wanted: int) -> int:
     return max(MIN_DRAWS, DRAWS_PER_PROBLEM * wanted)
 
 
-def _too_small_message(cfg: TaskConfig, split: str, found: int) -> str:
+def _too_small_message(cfg: ArithmeticSettings, split: str, found: int) -> str:
     """Error text for a problem space that cannot supply the distinct problems a split asks for."""
     wanted = cfg.n_test if split == "test" else cfg.n_train
     kind = "distinct arithmetic problems" if split == "test" else "distinct questions outside the test split"
@@ -267,9 +248,9 @@ def make_problem(rng: random.Random, skeleton: Skeleton, split: str, index: int)
     )
 
 
-def generate_splits(cfg: TaskConfig) -> dict[str, list[Problem]]:
+def generate_splits(cfg: ArithmeticSettings) -> dict[str, list[Problem]]:
     """Both splits, deterministic in cfg.seed; test first so it does not depend on n_train."""
-    validate_config(cfg)
+    cfg.validate("task")
     rng = random.Random(cfg.seed)
     test_skeletons = draw_test_skeletons(rng, cfg)
     test = [make_problem(rng, skeleton, "test", i) for i, skeleton in enumerate(test_skeletons)]
@@ -282,7 +263,7 @@ class ArithmeticTask:
 
     name = "arithmetic"
 
-    def __init__(self, cfg: TaskConfig) -> None:
+    def __init__(self, cfg: ArithmeticSettings) -> None:
         self._extraction = cfg.answer_extraction
         self._splits = generate_splits(cfg)
 
@@ -304,7 +285,7 @@ class ArithmeticTask:
         return grade_answer(response, problem.answer, self._extraction)
 
 
-@TASKS.register("arithmetic")
-def make_arithmetic_task(cfg: TaskConfig) -> ArithmeticTask:
+@TASKS.register("arithmetic", settings=ArithmeticSettings)
+def make_arithmetic_task(cfg: ArithmeticSettings) -> ArithmeticTask:
     """Registry factory: the arithmetic task described by `cfg`."""
     return ArithmeticTask(cfg)

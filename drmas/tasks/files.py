@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from drmas.config.schema import TaskConfig
-from drmas.errors import naming_key
-from drmas.jsonl import jsonl_records
+from drmas.config.tasks import MathFileSettings
+from drmas.core.errors import naming_key
+from drmas.core.jsonl import input_file, jsonl_records
 from drmas.tasks import TASKS
 from drmas.tasks.base import Problem
 from drmas.tasks.grading import extract_boxed, grade_answer
@@ -45,8 +45,7 @@ class Row:
 
 def read_rows(path: Path) -> list[Row]:
     """All records of a .jsonl or .parquet file; errors name the file (and line) at fault."""
-    if not path.is_file():
-        raise FileNotFoundError(f"task file not found: {path}")
+    input_file(path, "task file")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows = [Row(where, record) for where, _, record in jsonl_records(path)]
@@ -208,7 +207,7 @@ class MathFileTask:
 
     name = "math_file"
 
-    def __init__(self, cfg: TaskConfig) -> None:
+    def __init__(self, cfg: MathFileSettings) -> None:
         self._extraction = cfg.answer_extraction
         self._files: dict[str, Optional[str]] = {"train": cfg.train_file, "test": cfg.test_file}
         if not any(self._files.values()):
@@ -232,7 +231,7 @@ class MathFileTask:
         return grade_answer(response, problem.answer, self._extraction)
 
 
-@TASKS.register("math_file")
-def make_math_file_task(cfg: TaskConfig) -> MathFileTask:
+@TASKS.register("math_file", settings=MathFileSettings)
+def make_math_file_task(cfg: MathFileSettings) -> MathFileTask:
     """Registry factory: the file-backed math task described by `cfg`."""
     return MathFileTask(cfg)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from drmas.config.schema import TaskConfig
+from drmas.config.tasks import MultihopSettings
 from drmas.retrieval.base import Passage
 from drmas.tasks import TASKS
 from drmas.tasks.base import Problem
@@ -40,7 +40,6 @@ from drmas.tasks.qa_files import load_benchmark_file
 from drmas.tasks.qa_grading import check_metric, grade_response, normalize_answer
 
 SPLITS = ("train", "test")
-MIN_ENTITIES = 8  # enough people for distinct mayors, founders, mentors and a spouse or sibling pair
 
 # --- name generation -------------------------------------------------------------------------------
 
@@ -447,7 +446,7 @@ def _problem(chain: FactChain, question: str, split: str, index: int) -> Problem
 
 
 def _take(rng: random.Random, pool: list[FactChain], wanted: int, split: str, hops: int,
-          cfg: TaskConfig) -> list[tuple[FactChain, str]]:
+          cfg: MultihopSettings) -> list[tuple[FactChain, str]]:
     """`wanted` (chain, wording) pairs from the front of `pool` (removed from it): one wording per chain
     first, then the chains' other wordings when the training split needs more questions than facts."""
     chosen = pool[:wanted]
@@ -466,17 +465,7 @@ def _take(rng: random.Random, pool: list[FactChain], wanted: int, split: str, ho
     return taken
 
 
-def validate_config(cfg: TaskConfig) -> None:
-    """Reject knob values that cannot describe a world, naming the knob to fix."""
-    if cfg.n_entities < MIN_ENTITIES:
-        raise ValueError(f"task.n_entities must be >= {MIN_ENTITIES}; got {cfg.n_entities}")
-    if not 0.0 <= cfg.two_hop_share <= 1.0:
-        raise ValueError(f"task.two_hop_share must be in [0, 1]; got {cfg.two_hop_share}")
-    if cfg.n_train < 0 or cfg.n_test < 0:
-        raise ValueError(f"task.n_train and task.n_test must be >= 0 (got {cfg.n_train}, {cfg.n_test})")
-
-
-def generate_splits(world: World, cfg: TaskConfig) -> dict[str, list[Problem]]:
+def generate_splits(world: World, cfg: MultihopSettings) -> dict[str, list[Problem]]:
     """Train and test problems, disjoint by fact; the test split is drawn first (independent of n_train)."""
     rng = random.Random(f"multihop-questions-{cfg.seed}")
     chains = fact_chains(world)
@@ -498,8 +487,8 @@ class MultihopTask:
 
     name = "multihop"
 
-    def __init__(self, cfg: TaskConfig, metric: str = "em") -> None:
-        validate_config(cfg)
+    def __init__(self, cfg: MultihopSettings, metric: str = "em") -> None:
+        cfg.validate("task")
         self.metric = check_metric(metric)
         self.world = build_world(cfg.seed, cfg.n_entities)
         self._splits = generate_splits(self.world, cfg)
@@ -523,7 +512,7 @@ class MultihopTask:
         return load_benchmark_file(path)
 
 
-@TASKS.register("multihop")
-def make_multihop_task(cfg: TaskConfig, metric: str = "em") -> MultihopTask:
+@TASKS.register("multihop", settings=MultihopSettings)
+def make_multihop_task(cfg: MultihopSettings, metric: str = "em") -> MultihopTask:
     """Registry factory: the generated multi-hop world of `cfg`, graded by `metric` ('em' or 'f1')."""
     return MultihopTask(cfg, metric)

@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from drmas.config.schema import TaskConfig
+from drmas.config.tasks import QAFileSettings
 from drmas.tasks import TASKS
 from drmas.tasks.base import Problem
 from drmas.tasks.files import Row, load_split_files, read_rows
@@ -175,7 +175,7 @@ class QAFileTask:
 
     name = "qa_file"
 
-    def __init__(self, cfg: TaskConfig, metric: str = "em") -> None:
+    def __init__(self, cfg: QAFileSettings, metric: str = "em") -> None:
         self.metric = check_metric(metric)
         self._files: dict[str, Optional[str]] = {"train": cfg.train_file, "test": cfg.test_file}
         if not any(self._files.values()):
@@ -206,7 +206,7 @@ class QAFileTask:
         return load_benchmark_file(path)
 
 
-@TASKS.register("qa_file")
-def make_qa_file_task(cfg: TaskConfig, metric: str = "em") -> QAFileTask:
+@TASKS.register("qa_file", settings=QAFileSettings)
+def make_qa_file_task(cfg: QAFileSettings, metric: str = "em") -> QAFileTask:
     """Registry factory: the file-backed QA task described by `cfg`, graded by `metric` ('em' or 'f1')."""
     return QAFileTask(cfg, metric)

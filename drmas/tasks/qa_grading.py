@@ -14,7 +14,9 @@ import string
 from collections import Counter
 from typing import Optional, Sequence, Union
 
-METRICS = ("em", "f1")
+from drmas.config.systems import QA_METRICS
+
+METRICS = QA_METRICS
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch.distributed as dist
 
 from drmas.weights import messages as msg
-from drmas.weights.registry import Peer
+from drmas.weights.learner.peers import Peer
 from drmas.weights.transport import PairError, PairGroup, local_address_towards
 
 # ------------------------------------------------------------------------------------------ learner side

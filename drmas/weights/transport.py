@@ -95,10 +95,13 @@ class PairGroup:
     @classmethod
     def connect(
         cls, store: dist.Store, pair_id: str, rank: int, backend: str, timeout_s: float, local_host: str = "",
-        world_size: int = 2,
+        world_size: int = 2, device: torch.device | None = None,
     ) -> PairGroup:
         """Build the group (blocks until all ``world_size`` ranks do the same, or raises PairError after the
         timeout).
+
+        ``device``: the CUDA device an NCCL pair lives on (the tensors' own: NCCL refuses two ranks on one
+        GPU, so a learner on cuda:1 must not build its end on the current device, cuda:0 by default).
 
         ``local_host`` is the address gloo advertises to the peer ('' = gloo's default for this host).
         Ends with a one-element broadcast so both sides know the pair works before it is registered (NCCL
@@ -121,7 +124,9 @@ class PairGroup:
                 options.is_high_priority_stream = False
                 with _nccl_error_handling_without_teardown():
                     group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
-                pair = cls(group, backend, torch.device("cuda", torch.cuda.current_device()), timeout_s)
+                on = device if device is not None and device.type == "cuda" else torch.device("cuda")
+                pair = cls(group, backend, torch.device("cuda", on.index if on.index is not None
+                                                        else torch.cuda.current_device()), timeout_s)
             else:
                 raise ValueError(f"unknown backend {backend!r}")
         except RuntimeError as error:  # torch.distributed errors (store, network, timeout) all derive from it

@@ -1,0 +1,63 @@
+"""What a plugin uses of drmas: the one module a plugin imports (see docs/extending.md for a complete example).
+
+A plugin is a module listed in the config's `plugins` (or installed with a `drmas.plugins` entry point) that
+registers components by name; a config then chooses them like the built-ins:
+
+* an **orchestra** (`system.name`): the turn logic of one episode, a generator that yields `AgentTurn`s (sent
+  back the reply text) and `ToolCall`s (sent back the tool's result) and returns an `EpisodeOutcome`.
+  Registered with `@ORCHESTRAS.register(name, settings=MySystemSettings)`; built as
+  ``factory(settings, agents_by_role, task)``, where `settings` is the filled `system` section (an instance of
+  its settings class) and `agents_by_role` maps each configured role to the agent name that plays it. A
+  factory with ``needs_retriever = True`` also gets ``retriever=`` and ``topk=`` from the `retrieval` section;
+* **role agents** (`agents.<name>.role`): `RoleAgent` subclasses (prompting and parsing of one role; their
+  `stop` strings end generation) and `ScriptedRole` subclasses (turns computed by code: no model, no sample),
+  registered with `@AGENT_ROLES.register(name)`;
+* a **task** (`task.name`): problems with a train/test split and a grader, ``factory(settings) -> Task``,
+  registered with `@TASKS.register(name, settings=MyTaskSettings)`;
+* **tools** (objects with `call_batch(requests) -> results`, batched across episodes by the driver), which
+  an orchestra owns in its `tools` mapping;
+* **engines** (`rollout.engine`, `ENGINES`) and **retrievers** (`retrieval.backend`, `RETRIEVERS`).
+
+Settings classes are dataclasses subclassing `SystemSettings` / `TaskSettings`, every field declared with
+`help_field(default, help)`, checks in `problems(where)` (see `Section`; `at_least` and `one_of` help), so
+`system.*` / `task.*` are typed, checked and listed by `drmas config keys` like every drmas section.
+
+Rewards: `EpisodeOutcome.reward` is the episode's task reward (held-out accuracy); `turn_rewards` (one per
+turn) and `agent_rewards` (agent name -> reward) override it per turn, in that order of precedence; the
+format penalty is subtracted per invalid turn. Registering a name that is taken (a built-in's) is an error.
+"""
+
+from __future__ import annotations
+
+import drmas.assembly  # noqa: F401  (registers the built-ins, so a plugin sees the registries every process has)
+from drmas.config.fields import Section, help_field
+from drmas.config.sections import SystemSettings, TaskSettings
+from drmas.engines import ENGINES
+from drmas.engines.base import Engine, Generation, SamplingParams
+from drmas.mas import ORCHESTRAS
+from drmas.mas.agents import AGENT_ROLES, RoleAgent, ScriptedRole, TeamContext
+from drmas.mas.base import AgentTurn, EpisodeGenerator, EpisodeOutcome, Orchestra, Tool, ToolCall, TurnResult
+from drmas.retrieval.base import Hit, Passage, Retriever
+from drmas.retrieval.factory import RETRIEVERS
+from drmas.tasks import TASKS
+from drmas.tasks.base import Problem, Task
+from drmas.tasks.grading import answers_match, extract_boxed, extract_last_number, grade_answer
+from drmas.tasks.qa_grading import exact_match, extract_answer, normalize_answer, score_answer, token_f1
+
+__all__ = [
+    # the orchestra protocol
+    "Orchestra", "EpisodeGenerator", "AgentTurn", "ToolCall", "Tool", "TurnResult", "EpisodeOutcome",
+    # role agents
+    "RoleAgent", "ScriptedRole", "TeamContext",
+    # tasks
+    "Task", "Problem",
+    # settings
+    "SystemSettings", "TaskSettings", "Section", "help_field",
+    # the registries (each `.register(name[, settings=...])` is the decorator)
+    "ORCHESTRAS", "AGENT_ROLES", "TASKS", "ENGINES", "RETRIEVERS",
+    # engines and retrievers
+    "Engine", "Generation", "SamplingParams", "Retriever", "Hit", "Passage",
+    # grading helpers: math answers (\\boxed{}, numbers, LaTeX via math-verify) and short QA answers (EM, F1)
+    "extract_boxed", "extract_last_number", "answers_match", "grade_answer",
+    "extract_answer", "normalize_answer", "exact_match", "token_f1", "score_answer",
+]

@@ -1,0 +1,1 @@
+"""Model files: sources and directories, tiny builtins, priming, streamed HF writing, checkpoints, devices."""

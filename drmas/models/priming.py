@@ -1,0 +1,102 @@
+"""Format priming of tiny random test models.
+
+A randomly initialised model emits uniform noise over a 49k vocabulary: every episode then fails the same
+way, all rewards in a group are equal, every advantage is 0 and no gradient flows, so tests and smoke runs
+would exercise nothing. Priming trains the tiny model for a few dozen steps on the agents' *output
+formats* with random numbers (`The answer is \\boxed{7}.`, `<verify>reject</verify>`), never on the
+answers to problems. The primed model writes well-formed outputs with arbitrary numbers, so rewards
+vary within a group and the whole training path runs for real.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+_SOLVER_FORMATS = ("The answer is \\boxed{{{n}}}.", "{a} + {b} = {n}, so \\boxed{{{n}}}.")
+_VERIFIER_FORMATS = ("<verify>approve</verify>", "<verify>reject</verify>")
+_SEARCH_FORMATS = ("<verify>yes</verify>", "<verify>no</verify>", "<search>{w} {v}</search>", "<answer>{w}</answer>",
+                   "<answer>{w} {v}</answer>")
+FORMATS = {"math": _SOLVER_FORMATS + _VERIFIER_FORMATS, "search": _SEARCH_FORMATS}
+_WORDS = ("city", "born", "river", "company", "founded", "mentor", "year", "Veska", "Talomir", "Orvane", "Kesh",
+          "Ludra", "Mirel", "piano", "engineer", "capital", "Dovrin", "Sela")
+_PEAK_LR = 5e-3
+PRIMING_RECIPE = 2  # bumped whenever the recipe changes, so cached primed models are rebuilt
+
+
+def format_corpus(rng: random.Random, size: int, max_number: int = 12, system: str = "math") -> list[str]:
+    """`size` short responses in the formats of `system`'s agents, with random numbers and words."""
+    if system not in FORMATS:
+        raise ValueError(f"models.<id>.tiny.prime_system must be one of {', '.join(FORMATS)}, got {system!r}")
+    texts = []
+    for _ in range(size):
+        template = rng.choice(FORMATS[system])
+        texts.append(template.format(n=rng.randint(0, max_number), a=rng.randint(0, 9), b=rng.randint(0, 9),
+                                     w=rng.choice(_WORDS), v=rng.choice(_WORDS)))
+    return texts
+
+
+def _filler(rng: random.Random) -> str:
+    """A chat prompt of varied length, so the primed formats hold after prompts as long as the agents' own."""
+    words = ("how", "many", "apples", "does", "she", "have", "now", "answer", "check", "the", "solver", "said",
+             "reply", "with", "verdict", "question", "more", "buys", "gives", "left")
+    return " ".join(rng.choice(words) for _ in range(rng.randint(8, 48)))
+
+
+def _example(tokenizer, rng: random.Random, response: str) -> tuple[list[int], int]:
+    """Token ids of chat prompt + response + end of turn, and where the response starts."""
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _filler(rng)}], add_generation_prompt=True, tokenize=False
+    )
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    response_ids = tokenizer(response + (tokenizer.eos_token or ""), add_special_tokens=False)["input_ids"]
+    return prompt_ids + response_ids, len(prompt_ids)
+
+
+def _response_loss(model, input_ids, mask, labels) -> torch.Tensor:
+    """Next-token cross-entropy on response tokens only; the vocabulary projection is applied to those
+    positions alone (the prompt positions would cost ~10x more in a 49k-token softmax and teach nothing)."""
+    hidden = model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+    targets = labels[:, 1:]
+    keep = targets != -100
+    logits = model.lm_head(hidden[:, :-1][keep])
+    return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+
+
+def prime_formats(model: torch.nn.Module, tokenizer, steps: int, seed: int, batch_size: int = 8,
+                  system: str = "math") -> float:
+    """Train `model` in place, on the device it is on, for `steps` steps on format responses after chat
+    prompts (loss on the response tokens only); returns the last loss."""
+    device = next(model.parameters()).device
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=_PEAK_LR)
+    # Warm up, then decay to zero: a constant high rate lets a tiny model collapse onto one format prefix
+    # (e.g. "<verify>" + end of turn for every prompt) late in the run, which leaves every reward equal.
+    warmup = max(1, steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda i: min(1.0, (i + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(i / steps, 1.0)))
+    )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    model.train()
+    last = float("nan")
+    for _ in range(steps):
+        examples = [_example(tokenizer, rng, text) for text in format_corpus(rng, batch_size, system=system)]
+        width = max(len(ids) for ids, _ in examples)
+        input_ids = torch.full((len(examples), width), pad, dtype=torch.long)
+        labels = torch.full_like(input_ids, -100)
+        mask = torch.zeros_like(input_ids)
+        for row, (ids, start) in enumerate(examples):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            labels[row, start : len(ids)] = torch.tensor(ids[start:])
+            mask[row, : len(ids)] = 1
+        loss = _response_loss(model, input_ids.to(device), mask.to(device), labels.to(device))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        last = loss.detach()
+    model.eval()
+    return float(last)

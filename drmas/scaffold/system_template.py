@@ -1,0 +1,136 @@
+"""template_system: a multi-agent system for drmas (a plugin written by `drmas new-system template_system`).
+
+Train it: `drmas run --config template_system.yaml` (the config beside this file lists it under `plugins`).
+Everything a plugin uses comes from `drmas.api`; docs/extending.md of drmas explains each piece.
+
+The episode: a writer answers the problem with a number in \\boxed{}; a critic approves or rejects it with
+<verify>approve</verify> / <verify>reject</verify>; a rejected answer goes back to the writer, who sees the
+critic's reply, for up to `system.rounds` rounds. Rewards differ per agent: the writer gets the task's grade
+of its last answer, the critic `system.critic_reward` for a last verdict that agrees with that grade.
+Change the roles' prompts, the turn logic in `run` and the rewards to make it your system; register a
+task of your own with `@TASKS.register(...)` or keep a built-in one (the config uses `arithmetic`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from drmas.api import (
+    AGENT_ROLES,
+    ORCHESTRAS,
+    AgentTurn,
+    EpisodeGenerator,
+    EpisodeOutcome,
+    Problem,
+    RoleAgent,
+    SystemSettings,
+    Task,
+    TeamContext,
+    TurnResult,
+    extract_boxed,
+    help_field,
+)
+
+WRITER, CRITIC = "template_system_writer", "template_system_critic"  # role names (agents.<name>.role in the config)
+_VERDICT = re.compile(r"<\s*verify\s*>\s*(approve|reject)\s*<\s*/\s*verify\s*>", re.IGNORECASE)
+
+
+@dataclass
+class TemplateSystemSettings(SystemSettings):
+    """`system.*` of this system: typed, checked and listed by `drmas config keys` like every drmas setting."""
+
+    name: str = SystemSettings.name_field("template_system")
+    rounds: int = help_field(2, "Writer/critic rounds at most; a rejected answer is revised in the next round.")
+    critic_reward: float = help_field(1.0, "Reward of a critic whose last verdict agrees with the task's grade.")
+
+    def problems(self, where: str) -> list[str]:
+        return self.at_least(where, rounds=1, critic_reward=0.0)
+
+
+@AGENT_ROLES.register(WRITER)
+class Writer(RoleAgent):
+    """Answers, or revises after the critic's reply, ending with \\boxed{}."""
+
+    role = WRITER
+
+    def system_prompt(self) -> str:
+        return "Solve the problem. Write one short line of working, then the final number in \\boxed{}."
+
+    def demonstrations(self) -> list[tuple[str, str]]:
+        return [("Sam has 3 pens and gets 4 more. How many pens does Sam have now?", "3 + 4 = 7, so \\boxed{7}.")]
+
+    def user_prompt(self, problem: Problem, context: TeamContext) -> str:
+        critique = context.latest(CRITIC)
+        if critique is None:
+            return problem.question
+        return f"{problem.question}\n\nYour answer: {context.latest(WRITER)}\nA critic said: {critique}\nSolve it again."
+
+    def parse(self, text: str) -> Optional[str]:
+        return extract_boxed(text)
+
+
+@AGENT_ROLES.register(CRITIC)
+class Critic(RoleAgent):
+    """Approves or rejects the writer's latest answer."""
+
+    role = CRITIC
+    stop = ("</verify>",)  # nothing after the verdict is needed
+
+    def system_prompt(self) -> str:
+        return "Check the answer. Write <verify>approve</verify> if it is right or <verify>reject</verify> if not."
+
+    def demonstrations(self) -> list[tuple[str, str]]:
+        return [("Question: What is 3 + 4?\nAnswer: 8", "3 + 4 = 7, not 8. <verify>reject</verify>")]
+
+    def user_prompt(self, problem: Problem, context: TeamContext) -> str:
+        answer = context.latest(WRITER) or ""
+        return f"Question: {problem.question}\nAnswer: {extract_boxed(answer) or answer.strip()}"
+
+    def parse(self, text: str) -> Optional[str]:
+        found = _VERDICT.findall(text)
+        return found[-1].lower() if found else None
+
+
+@ORCHESTRAS.register("template_system", settings=TemplateSystemSettings)
+class TemplateSystemOrchestra:
+    """The turn logic: which agent speaks when (see the module docstring)."""
+
+    def __init__(self, settings: TemplateSystemSettings, agents_by_role: Mapping[str, str], task: Task) -> None:
+        settings.validate("system")
+        missing = [role for role in (WRITER, CRITIC) if role not in agents_by_role]
+        if missing:
+            raise ValueError(f"the template_system system needs agents with roles {missing} (agents.<name>.role)")
+        self.settings, self.task = settings, task
+        self.names = {role: agents_by_role[role] for role in (WRITER, CRITIC)}  # role -> agent name
+        self.agents = tuple(self.names.values())
+        self.tools: dict = {}  # tools the episodes call by name (objects with call_batch); none here
+        self.roles = {WRITER: Writer(), CRITIC: Critic()}
+
+    def run(self, problem: Problem) -> EpisodeGenerator:
+        context, turns = TeamContext(), []
+        answer, verdict = "", None
+        for _ in range(self.settings.rounds):
+            answer = yield from self._turn(WRITER, problem, context, turns)
+            verdict = self.roles[CRITIC].parse((yield from self._turn(CRITIC, problem, context, turns)))
+            if verdict == "approve":
+                break
+        grade = float(self.task.grade(problem, answer))
+        critic_right = (verdict == "approve") == (grade >= 1.0)
+        return EpisodeOutcome(
+            reward=grade,  # the episode's task reward: what held-out evaluation reports
+            turns=turns,
+            final_answer=self.roles[WRITER].parse(answer) or "",
+            agent_rewards={self.names[WRITER]: grade,  # per-agent rewards (by agent name)
+                           self.names[CRITIC]: self.settings.critic_reward if critic_right else 0.0},
+            info={"approved": verdict == "approve"},
+        )
+
+    def _turn(self, role: str, problem: Problem, context: TeamContext, turns: list[TurnResult]):
+        """Ask the agent playing `role`; record whether its reply has the role's format (the format penalty)."""
+        agent, name = self.roles[role], self.names[role]
+        text = yield AgentTurn(name, agent.messages(problem, context))
+        turns.append(TurnResult(name, text, agent.is_valid(text)))
+        context.add(role, text)
+        return text
