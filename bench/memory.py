@@ -4,6 +4,11 @@ optimiser need (parameters x 16 bytes: float32 weights, gradients and AdamW's tw
 Run on demand (not part of the tests; SmolLM2-135M, a few minutes per config on 2 cores):
 
     .venv/bin/python bench/memory.py [--configs quickstart search] [--updates 2] [--samples-dir runs/bench_memory]
+                                     [--baseline REV | --baseline none] [--eval-problems N]
+
+Before and after in the same run: the learner is measured twice on the same samples, once with the code of git
+revision `--baseline` (default: main just before issue 25's memory work, exported with `git archive` into a
+temporary directory) and once with this tree; the table shows both peaks per phase and their ratio.
 
 Per config (configs/quickstart.yaml; configs/search_quickstart.yaml, whose prompts carry retrieved passages):
 
@@ -23,8 +28,8 @@ Peaks are the kernel's high-water mark of the process's resident memory (VmHWM),
 boundary (/proc/self/clear_refs), so a phase's peak is exact, not sampled. Inside an update the boundaries
 are the model's forward (forward pre-hook and hook on the model), `Tensor.backward` and `optimizer.step`:
 "forward" is the model's forward with gradients, "log-softmax + loss" what follows it up to the backward,
-"backward" includes the recomputation of checkpointed layers. Everything runs the code of the tree it is
-run from, so running this file from a checkout of another revision (PYTHONPATH) measures that revision.
+"backward" includes the recomputation of checkpointed layers. The held-out evaluation is measured with this
+tree only (issue 25 changed nothing there). Each figure is printed with the machine's load average.
 
 Prints one table per config and the learner's peak / floor (the issue's targets: <= 1.5x on the quick
 start; the search quick start's largest process <= 2x).
@@ -44,7 +49,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# the tree whose code and configs a child measures: this one, or the baseline revision's export
+CODE = Path(os.environ.get("DRMAS_BENCH_TREE", ROOT))
+sys.path.insert(0, str(CODE))
+# main before issue 25 (activation checkpointing, chunked log-softmax, the learner's heap setting)
+BASELINE_REV = "e213c39b2bc62de531a1d3229f0f0150b8f9f625"
 
 CONFIGS = {"quickstart": "configs/quickstart.yaml", "search": "configs/search_quickstart.yaml"}
 FLOOR_BYTES_PER_PARAM = 16  # float32 weights, gradients, AdamW exp_avg and exp_avg_sq
@@ -146,7 +155,7 @@ def record_samples(config: str, updates: int, out: Path) -> None:
     from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
     from drmas.tasks.sampler import ProblemSampler
 
-    cfg = assembly.load_config(ROOT / config)
+    cfg = assembly.load_config(CODE / config)
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
     task = assembly.build_task(cfg)
@@ -177,8 +186,10 @@ def load_samples(path: Path):
 # ------------------------------------------------------------------------------------------ the learner
 
 
-def _receiver(endpoint: str, model: str, ready) -> None:
-    """A rollout's side of the weight channel: takes every version, copies nothing (not what is measured)."""
+def _receiver(endpoint: str, model: str, ready, parent: int) -> None:
+    """A rollout's side of the weight channel: takes every version, copies nothing (not what is measured).
+    Ends when its parent is gone (a learner child killed for memory would otherwise leave it holding the
+    bench's stdout pipe, and the bench waiting)."""
     from drmas.weights import WeightReceiver
 
     def apply(named, version: int, incarnation: str = "") -> None:
@@ -187,7 +198,8 @@ def _receiver(endpoint: str, model: str, ready) -> None:
 
     WeightReceiver(endpoint, "bench", apply, model=model, background=True).start()
     ready.set()
-    time.sleep(3600)  # the parent kills us
+    while os.getppid() == parent:  # the parent kills us when done
+        time.sleep(1)
 
 
 def measure_learner(config: str, samples_file: Path, out_dir: Path, overrides: list[str]) -> dict:
@@ -204,7 +216,7 @@ def measure_learner(config: str, samples_file: Path, out_dir: Path, overrides: l
         from drmas.learner.running_stats import AgentRewardStats
         from drmas.learner.worker import trained_policy
         from drmas.weights import WeightSender
-    cfg = assembly.load_config(ROOT / config, overrides)
+    cfg = assembly.load_config(CODE / config, overrides)
     (model_id,) = assembly.trained_models(cfg)
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
@@ -217,7 +229,7 @@ def measure_learner(config: str, samples_file: Path, out_dir: Path, overrides: l
     ready = ctx.Event()
     seconds, cpu_seconds, tokens = [], [], []
     with WeightSender.from_config(cfg.pipeline.weights, "127.0.0.1", model=model_id) as sender:
-        child = ctx.Process(target=_receiver, args=(sender.endpoint, model_id, ready), daemon=True)
+        child = ctx.Process(target=_receiver, args=(sender.endpoint, model_id, ready, os.getpid()), daemon=True)
         child.start()
         try:
             deadline = time.monotonic() + 120
@@ -257,7 +269,7 @@ def measure_eval(config: str, problems: int, overrides: list[str]) -> dict:
     with phases.phase("import"):
         from drmas import assembly
         from drmas.evaluation.async_heldout import heldout_of_models
-    cfg = assembly.load_config(ROOT / config, [*overrides, *([f"eval.n_problems={problems}"] if problems else [])])
+    cfg = assembly.load_config(CODE / config, [*overrides, *([f"eval.n_problems={problems}"] if problems else [])])
     task = assembly.build_task(cfg)
     with phases.phase("evaluation before training"):
         heldout_of_models(cfg, "before", None, task)
@@ -268,13 +280,30 @@ def measure_eval(config: str, problems: int, overrides: list[str]) -> dict:
 # ------------------------------------------------------------------------------------------ driver
 
 
-def _child(args: list[str]) -> dict:
-    """Run this file with `args` in a fresh interpreter; its last stdout line is the JSON result."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def _child(args: list[str], tree: Path = ROOT) -> dict:
+    """Run this file with `args` in a fresh interpreter on the code of `tree`; its last stdout line is the JSON
+    result, to which the load averages before and after are added."""
+    env = {**os.environ, "DRMAS_BENCH_TREE": str(tree),
+           "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
+    load = os.getloadavg()[0]
     proc = subprocess.run([sys.executable, __file__, *args], env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bench child {args} failed with exit code {proc.returncode}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "load": [load, os.getloadavg()[0]]}
+
+
+@contextmanager
+def exported(rev: str):
+    """The files of git revision `rev` of this repository in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="bench-memory-base-") as tree:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], stdout=subprocess.PIPE, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        yield Path(tree)
+
+
+def measure(config: str, samples: Path, tree: Path, overrides: list[str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as out:
+        return _child(["--child", "learner", config, str(samples), out, json.dumps(overrides)], tree)
 
 
 LEARNER_ORDER = ["import", "load model + optimizer", "forward", "log-softmax + loss", "backward", "optimizer step",
@@ -282,23 +311,38 @@ LEARNER_ORDER = ["import", "load model + optimizer", "forward", "log-softmax + l
                  "checkpoint save (DCP + HF)"]
 
 
-def report(name: str, learner: dict, evaluation: dict | None) -> None:
-    floor = learner["params"] * FLOOR_BYTES_PER_PARAM
-    peaks = learner["peaks"]
-    peak = max(peaks.values())
-    print(f"\n{name}: {learner['params'] / 1e6:.1f}M parameters, floor {floor / 1e9:.2f} GB (x16 bytes); "
-          f"{len(learner['samples'])} updates of {learner['samples']} samples, "
-          f"{learner['update_tokens']} tokens; update time {[round(s, 1) for s in learner['update_seconds']]} s, "
-          f"CPU {[round(s, 1) for s in learner['update_cpu_seconds']]} s")
-    print(f"  {'learner phase':<30} {'peak GB':>8} {'/ floor':>8}")
+def _timing(label: str, learner: dict) -> str:
+    return (f"  {label}: update time {[round(s, 1) for s in learner['update_seconds']]} s, CPU "
+            f"{[round(s, 1) for s in learner['update_cpu_seconds']]} s; load average {learner['load'][0]:.1f} "
+            f"-> {learner['load'][1]:.1f}")
+
+
+def report(name: str, after: dict, before: dict | None, evaluation: dict | None) -> None:
+    """One table per config: peak GB per phase before and after, after / before, after / floor."""
+    floor = after["params"] * FLOOR_BYTES_PER_PARAM
+    print(f"\n{name}: {after['params'] / 1e6:.1f}M parameters, floor {floor / 1e9:.2f} GB (x16 bytes); "
+          f"{len(after['samples'])} updates of {after['samples']} samples, {after['update_tokens']} tokens")
+    if before:
+        print(_timing("before", before))
+    print(_timing("after ", after))
+    print(f"  {'learner phase':<30} {'before GB':>9} {'after GB':>9} {'after/before':>12} {'after/floor':>11}")
+    b_peaks = before["peaks"] if before else {}
     for phase in LEARNER_ORDER:
-        if phase in peaks:
-            print(f"  {phase:<30} {peaks[phase] / 1e9:8.2f} {peaks[phase] / floor:7.2f}x")
+        if phase in after["peaks"] or phase in b_peaks:
+            a, b = after["peaks"].get(phase), b_peaks.get(phase)
+            print(f"  {phase:<30} {b / 1e9 if b else float('nan'):9.2f} {a / 1e9 if a else float('nan'):9.2f} "
+                  f"{a / b if a and b else float('nan'):11.2f}x {a / floor if a else float('nan'):10.2f}x")
     if evaluation:
         eval_peak = evaluation["peaks"]["evaluation before training"]
-        print(f"  {'evaluation before training':<30} {eval_peak / 1e9:8.2f} {eval_peak / floor:7.2f}x"
-              "  (launcher process)")
-    print(f"  learner peak / floor: {peak / 1e9:.2f} GB / {floor / 1e9:.2f} GB = {peak / floor:.2f}x")
+        print(f"  {'evaluation before training':<30} {'':>9} {eval_peak / 1e9:9.2f} {'':>12} "
+              f"{eval_peak / floor:10.2f}x  (launcher process; load {evaluation['load'][1]:.1f})")
+    peak = max(after["peaks"].values())
+    if before:
+        b_peak = max(b_peaks.values())
+        print(f"  learner peak before / floor: {b_peak / 1e9:.2f} GB / {floor / 1e9:.2f} GB = {b_peak / floor:.2f}x")
+    print(f"  learner peak after / floor:  {peak / 1e9:.2f} GB / {floor / 1e9:.2f} GB = {peak / floor:.2f}x")
+    if before:
+        print(f"  learner peak after / before: {peak / b_peak:.2f}x")
 
 
 def main() -> None:
@@ -310,8 +354,10 @@ def main() -> None:
                         help="held-out problems the evaluation phase plays (0: the config's eval.n_problems; "
                              "-1: skip the evaluation)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="config overrides for the learner and the evaluation, e.g. "
+                        help="config overrides for this tree's learner and evaluation (not the baseline's), e.g. "
                              "models.smollm2.activation_checkpointing=false")
+    parser.add_argument("--baseline", default=BASELINE_REV,
+                        help="git revision whose learner is measured as 'before' (none: skip it)")
     parser.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -331,12 +377,14 @@ def main() -> None:
         if not samples.exists():
             print(f"{name}: recording {args.updates} steps of samples into {samples} ...", flush=True)
             _child(["--child", "record", config, str(args.updates), str(samples), "[]"])
-        overrides = json.dumps(args.set)
-        with tempfile.TemporaryDirectory(prefix="bench-memory-") as out:
-            learner = _child(["--child", "learner", config, str(samples), out, overrides])
+        before = None
+        if args.baseline != "none":
+            with exported(args.baseline) as tree:
+                before = measure(config, samples, tree, [])
+        after = measure(config, samples, ROOT, args.set)
         evaluation = (None if args.eval_problems < 0 else
-                      _child(["--child", "eval", config, str(args.eval_problems), overrides]))
-        report(name, learner, evaluation)
+                      _child(["--child", "eval", config, str(args.eval_problems), json.dumps(args.set)]))
+        report(name, after, before, evaluation)
 
 
 if __name__ == "__main__":
