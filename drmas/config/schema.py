@@ -109,9 +109,9 @@ class ModelConfig:
         "for rank 0's next batch is kept alive separately.")
     trainable: bool = _f(True, "Train this model (false: serve it frozen).")
     activation_checkpointing: bool = _f(
-        True, "Learner: recompute each decoder layer's activations in the backward pass instead of keeping every "
-        "layer's from the forward (PyTorch activation checkpointing). Keeps the learner's memory near its weights, "
-        "gradients and AdamW state (SmolLM2-135M, 8 samples of 280 tokens: 4 GB of activations per micro-batch "
+        True, "Learner: recompute each decoder layer's activations (and the log-softmax of each chunk of "
+        "positions) in the backward pass instead of keeping them from the forward (PyTorch activation "
+        "checkpointing). Keeps the learner's memory near its weights, gradients and AdamW state (SmolLM2-135M, 8 samples of 280 tokens: 4 GB of activations per micro-batch "
         "without it) for about one more forward pass per micro-batch. false: faster where memory is plentiful.")
     heap_mmap_threshold_kb: int = _f(
         1024, "Learner process (glibc): memory blocks of at least this many KiB get a mapping of their own, returned "

@@ -67,7 +67,9 @@ def padded_response_logprobs(
                 logits_to_keep=longest + 1)
     # kept column k predicts column k+1; the last predicts past the end (its target is a dummy, dropped below)
     targets = torch.nn.functional.pad(ids[:, -longest:], (0, 1))
-    token_logp = token_logprobs(out.logits, targets, [effective_temperature(t) for t in temperatures])[:, :-1]
+    recompute = getattr(model, "is_gradient_checkpointing", False)  # models.<id>.activation_checkpointing
+    token_logp = token_logprobs(out.logits, targets, [effective_temperature(t) for t in temperatures],
+                                recompute)[:, :-1]
     return [token_logp[row, longest - n :] for row, n in enumerate(response_lengths)]
 
 
@@ -82,22 +84,24 @@ def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: to
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatures: Sequence[float],
+                   recompute: bool = True) -> torch.Tensor:
     """``rows x positions`` log-probs of ``targets`` under ``logits`` (``rows x positions x vocab``) at each row's
     temperature, computed over a few thousand positions at a time.
 
     Why chunks: the log-softmax of all positions at once makes whole-size copies of the logits (float32 cast,
     temperature, log-softmax output kept for the backward, and as many gradients), several times the logits
     themselves. Per chunk, each piece is made, used and freed; with gradients each chunk is checkpointed, so
-    its log-softmax is recomputed in the backward instead of kept. The values are those of the whole-tensor
-    computation: every position's log-softmax is computed alone either way."""
+    its log-softmax is recomputed in the backward instead of kept (``recompute``; `padded_response_logprobs`
+    recomputes when the model's layers do, i.e. with ``models.<id>.activation_checkpointing``). The values are
+    those of the whole-tensor computation: every position's log-softmax is computed alone either way."""
     rows, width, vocab = logits.shape
     flat, flat_targets = logits.reshape(rows * width, vocab), targets.reshape(rows * width)
     temps = None
     if any(t != 1.0 for t in temperatures):  # dividing by 1 is exact: skip a pass over the logits
         temps = torch.tensor(temperatures, dtype=torch.float32, device=logits.device).repeat_interleave(width)[:, None]
     step = max(1, LOGSOFTMAX_CHUNK_BYTES // (4 * vocab))
-    grad = torch.is_grad_enabled() and logits.requires_grad
+    grad = recompute and torch.is_grad_enabled() and logits.requires_grad
     pieces = []
     for start, (part, part_targets) in enumerate(zip(flat.split(step), flat_targets.split(step))):
         part_temps = None if temps is None else temps[start * step : start * step + len(part)]
