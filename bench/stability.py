@@ -22,10 +22,14 @@ correctness and approves ~97% of answers. Sums of two numbers 1..6 keep answers 
 models were primed to write, so rewards vary within groups. Seeds are `trainer.seed` (problem order,
 sampling, initial RNG); the two tiny models' weights are the same for every seed. "smollm2" is the same
 workflow with SmolLM2-135M-Instruct as both models (two copies, two optimisers): a shorter real-model run.
+"debate" (`configs/stability_debate.yaml`) is the debate example system (examples/debate, a plugin): two
+solvers on one tiny model, each rewarded by its own final answer, and a judge on another, rewarded by the answer
+it picks (per-agent rewards that differ by construction: `EpisodeOutcome.agent_rewards`).
 
     python bench/stability.py --quick --out runs/stability_quick            # < 5 min on 2 cores
     python bench/stability.py --out runs/stability --png docs/stability.png  # full: 3 seeds x 120 steps x 3 modes
     python bench/stability.py --setting smollm2 --out runs/stability_smollm2   # 1 seed x 5 steps x 3 modes
+    python bench/stability.py --setting debate --quick --out runs/stability_debate_quick   # per-agent rewards
     python bench/stability.py --replot runs/stability [--png docs/stability.png]   # table + plot from the JSON
 
 Extra `key=value` arguments override the config of every run. Runs go to OUT/<mode>/seed<N>/ (metrics.jsonl,
@@ -58,6 +62,9 @@ SETTINGS = {
     # one run at a time: a SmolLM2 run (two models, their engines and optimisers) holds ~12 GB at its peak
     "smollm2": {"config": "configs/stability_smollm2.yaml", "seeds": 1, "steps": 5, "quick_seeds": 1,
                 "quick_steps": 2, "jobs": 1},
+    # per-agent rewards by construction: the debate example's solvers (own answers) vs its judge (the pick)
+    "debate": {"config": "configs/stability_debate.yaml", "seeds": 3, "steps": 120, "quick_seeds": 2, "quick_steps": 12,
+               "jobs": 2},
 }
 
 
@@ -94,8 +101,8 @@ def second_moments(mode: str, calls: dict[str, list]) -> dict[str, dict]:
 
 def train_one(config: str, mode: str, seed: int, steps: int, overrides: list[str], out: str) -> dict:
     """Train one (mode, seed) run colocated and return its figures and per-step series."""
+    from drmas.assembly import load_config  # imports the config's plugins (the debate setting's system)
     from drmas.colocated import ColocatedRun
-    from drmas.config import load_config
     from drmas.runtime.metrics import read_metrics
 
     cfg = load_config(config, [*overrides, f"algorithm.normalization={mode}", f"trainer.seed={seed}",

@@ -11,13 +11,12 @@ matplotlib (the `bench` extra) it also draws them, by default to `<run>/stalenes
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import yaml
 
 from drmas.runtime.metrics import read_metrics
-from drmas.runtime.plotting import pyplot
+from drmas.runtime.plotting import pyplot, run_and_picture, save
 
 
 def learner_series(run: Path) -> dict[str, dict]:
@@ -79,26 +78,16 @@ def draw(learners: dict[str, dict], seconds: list[float], depths: dict[str, list
         depth.plot(seconds, values, label=key)
     depth.set(title="buffer/<agent>/depth (queued groups)", xlabel="seconds", ylabel="groups")
     idle.set(title="idle/<model> (share of step waiting)", xlabel="learner step", ylim=(0, 1))
-    for ax in (lag, depth, idle):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save(plt, fig, (lag, depth, idle), png)
     return True
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", help="trainer.output_dir of an async run")
-    parser.add_argument("--out", help="where the picture goes (default: RUN/staleness.png)")
-    args = parser.parse_args()
-    run = Path(args.run)
+    run, png = run_and_picture(__doc__.splitlines()[0], "trainer.output_dir of an async run", "staleness.png")
     bound = yaml.safe_load((run / "config.yaml").read_text())["pipeline"]["max_staleness"]
     learners = learner_series(run)
     seconds, depths = buffer_depths(run)
     print(table(learners, depths, bound))
-    png = Path(args.out) if args.out else run / "staleness.png"
     if draw(learners, seconds, depths, bound, png):
         print(f"wrote {png}")
 

@@ -15,7 +15,10 @@ registers components by name; a config then chooses them like the built-ins:
 * a **task** (`task.name`): problems with a train/test split and a grader, ``factory(settings) -> Task``,
   registered with `@TASKS.register(name, settings=MyTaskSettings)`;
 * **tools** (objects with `call_batch(requests) -> results`, batched across episodes by the driver), which
-  an orchestra owns in its `tools` mapping;
+  an orchestra owns in its `tools` mapping; the sandbox for model-written code is one (`SandboxTool`, and
+  `AssertTool` over it to run a solution against assert statements; docs/sandbox.md), its limits a
+  `SandboxConfig` the system's settings embed (``sandbox: SandboxConfig = help_field(SandboxConfig, ...)``
+  makes `system.sandbox.*` keys, typed, checked and listed like the rest);
 * **engines** (`rollout.engine`, `ENGINES`) and **retrievers** (`retrieval.backend`, `RETRIEVERS`).
 
 Settings classes are dataclasses subclassing `SystemSettings` / `TaskSettings`, every field declared with
@@ -31,7 +34,9 @@ from __future__ import annotations
 
 import drmas.assembly  # noqa: F401  (registers the built-ins, so a plugin sees the registries every process has)
 from drmas.config.fields import Section, help_field
+from drmas.config.sandbox import SandboxConfig
 from drmas.config.sections import SystemSettings, TaskSettings
+from drmas.core.jsonl import jsonl_records
 from drmas.engines import ENGINES
 from drmas.engines.base import Engine, Generation, SamplingParams
 from drmas.mas import ORCHESTRAS
@@ -43,6 +48,8 @@ from drmas.tasks import TASKS
 from drmas.tasks.base import Problem, Task
 from drmas.tasks.grading import answers_match, extract_boxed, extract_last_number, grade_answer
 from drmas.tasks.qa_grading import exact_match, extract_answer, normalize_answer, score_answer, token_f1
+from drmas.tools import SandboxRequest, SandboxResult, SandboxTool
+from drmas.tools.asserts import AssertReport, AssertRequest, AssertTool
 
 __all__ = [
     # the orchestra protocol
@@ -55,9 +62,13 @@ __all__ = [
     "SystemSettings", "TaskSettings", "Section", "help_field",
     # the registries (each `.register(name[, settings=...])` is the decorator)
     "ORCHESTRAS", "AGENT_ROLES", "TASKS", "ENGINES", "RETRIEVERS",
+    # the code-execution sandbox (a tool) and its settings
+    "SandboxTool", "SandboxRequest", "SandboxResult", "AssertTool", "AssertRequest", "AssertReport", "SandboxConfig",
     # engines and retrievers
     "Engine", "Generation", "SamplingParams", "Retriever", "Hit", "Passage",
     # grading helpers: math answers (\\boxed{}, numbers, LaTeX via math-verify) and short QA answers (EM, F1)
     "extract_boxed", "extract_last_number", "answers_match", "grade_answer",
     "extract_answer", "normalize_answer", "exact_match", "token_f1", "score_answer",
+    # reading a task's JSON-lines files: (where "path:LINE", line number, record), errors naming the line
+    "jsonl_records",
 ]

@@ -11,23 +11,34 @@ registries, before any process starts or any model is built.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import drmas.engines.embedded  # noqa: F401  (registers the built-in engine)
 import drmas.mas.math  # noqa: F401  (registers the built-in orchestras and role agents)
 import drmas.mas.revise  # noqa: F401
 import drmas.mas.search  # noqa: F401
-from drmas.config.derived import trained_agent_models, trained_agents, trained_models  # noqa: F401
+from drmas.config.derived import (  # noqa: F401
+    engine_models,
+    model_config,
+    model_ids,
+    optim_config,
+    split_model,
+    trained_agent_models,
+    trained_agents,
+    trained_models,
+)
 from drmas.config.errors import ConfigError
 from drmas.config.load import build_config, plugin_specs, read_layers
 from drmas.config.schema import AgentConfig, DrmasConfig
 from drmas.engines import ENGINES
-from drmas.engines.base import SamplingParams
+from drmas.engines.base import AdapterSlot, Engine, SamplingParams
 from drmas.mas import ORCHESTRAS
 from drmas.mas.agents import AGENT_ROLES, RoleAgent
 from drmas.mas.base import Orchestra
+from drmas.models import checkpoint
 from drmas.models.loading import resolve_model_path
 from drmas.plugins import import_plugins
 from drmas.retrieval.factory import RETRIEVERS, build_retriever
@@ -36,6 +47,7 @@ from drmas.runtime import process
 from drmas.tasks import TASKS
 from drmas.tasks import build_task as _build_task
 from drmas.tasks.base import Task
+from drmas.tasks.sampler import ProblemSampler, order_change
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DrmasConfig:
@@ -72,6 +84,10 @@ def check_components(cfg: DrmasConfig) -> list[str]:
     ) if (problem := registry.problem(value, key))]
     if cfg.rollout.engine in ENGINES:
         found.extend(_engine_problems(cfg))
+        with_adapters = [m for m in engine_models(cfg) if cfg.models[m].adapters]
+        if with_adapters and not getattr(ENGINES.get(cfg.rollout.engine), "serves_adapters", False):
+            found.append(f"rollout.engine: {cfg.rollout.engine!r} serves no LoRA adapters, and models."
+                         f"{with_adapters[0]}.adapters needs an engine that does (embedded, vllm)")
     for name, agent in cfg.agents.items():
         found.extend(_agent_problems(name, agent))
     return found
@@ -119,7 +135,8 @@ def _engine_problems(cfg: DrmasConfig) -> list[str]:
     offending: dict[tuple[str, float], list[str]] = {}  # (key, top_p) -> trained agents sampling with it
     for name, a in cfg.agents.items():
         top_p = a.top_p if a.top_p is not None else r.top_p
-        if a.trainable and top_p < 1 and a.model in cfg.models and cfg.models[a.model].trainable:
+        base = split_model(a.model)[0]
+        if a.trainable and top_p < 1 and base in cfg.models and cfg.models[base].trainable:
             key = f"agents.{name}.top_p" if a.top_p is not None else "rollout.top_p"
             offending.setdefault((key, top_p), []).append(name)
     for (key, top_p), agents in offending.items():
@@ -143,6 +160,21 @@ def require_packages(cfg: DrmasConfig) -> None:
 
 def build_task(cfg: DrmasConfig) -> Task:
     return _build_task(cfg.task)
+
+
+def drawing_order(cfg: DrmasConfig, task: Task | None = None) -> ProblemSampler:
+    """The run's one drawing order of training prompts (`drmas.tasks.sampler`): the same in every process."""
+    return ProblemSampler((task if task is not None else build_task(cfg)).split("train"), cfg.trainer.seed)
+
+
+def check_drawing_order(cfg: DrmasConfig, out: str | Path, order: ProblemSampler) -> None:
+    """Under trainer.resume, refuse (ValueError) a checkpoint in `out` whose run drew in another order: the draws
+    it trained would name other prompts. Read before any model is built, so the refusal comes at once."""
+    if cfg.trainer.resume:
+        state = checkpoint.peek_run_state(out) or {}
+        problem = order_change(state.get("order"), order.fingerprint())
+        if problem:
+            raise ValueError(f"cannot resume {out}: {problem}")
 
 
 def build_orchestra(cfg: DrmasConfig, task: Task) -> Orchestra:
@@ -175,20 +207,91 @@ def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str,
             max_new_tokens=a.max_new_tokens or cfg.rollout.max_new_tokens,
             stop=tuple(dict.fromkeys([*(role.stop if role is not None else ()), *a.stop])),  # the role's, then its own
         )
-        specs[name] = AgentSpec(model=a.model, sampling=sampling)
+        base, adapter = split_model(a.model)
+        specs[name] = AgentSpec(model=a.model, sampling=dataclasses.replace(sampling, adapter=adapter or ""),
+                                engine=base)
     return specs
 
 
-def build_engine(cfg: DrmasConfig, model_id: str, path: Path, seed: int):
-    """The configured engine (`rollout.engine`, `rollout.engine_args`) serving `model_id` from `path`, in the
-    model's compute dtype (the precision its learner computes in, see `drmas.models.devices`)."""
+def build_engine(cfg: DrmasConfig, model_id: str, path: Path, seed: int,
+                 adapter_dirs: Mapping[str, Path] | None = None):
+    """The configured engine (`rollout.engine`, `rollout.engine_args`) serving `model_id` (a key of `models`)
+    from `path`, in the model's compute dtype (the precision its learner computes in, see
+    `drmas.models.devices`); with the adapters of it that agents name, each from its directory in
+    `adapter_dirs` (a checkpoint's) or as peft initialises it."""
+    from drmas.models.devices import build_device
     from drmas.models.loading import compute_dtype
 
     factory = ENGINES.lookup(cfg.rollout.engine, "rollout.engine")
     mcfg = cfg.models[model_id]
-    return factory(model_id, path, compute_dtype(mcfg), cfg.rollout.max_batch_size, seed,
-                   engine_args=dict(cfg.rollout.engine_args), device=mcfg.device)
+    extra = {}
+    if mcfg.adapters:
+        extra["adapters"] = adapter_specs(cfg, model_id, adapter_dirs or {})
+    return factory(model_id, path, compute_dtype(mcfg, build_device(mcfg.device)), cfg.rollout.max_batch_size, seed,
+                   engine_args=dict(cfg.rollout.engine_args), device=mcfg.device, **extra)
+
+
+def build_engines(cfg: DrmasConfig, seed: int, model_dirs: Mapping[str, Path] | None = None) -> dict[str, Engine]:
+    """One engine per model the agents use (`engine_models`), by key of `models`. `model_dirs`: model id ->
+    the directory to serve instead of the config's (a checkpoint's model directory, or an adapter's
+    `<model>/<adapter>` peft directory)."""
+    dirs = dict(model_dirs or {})
+    engines: dict[str, Engine] = {}
+    try:
+        for m in engine_models(cfg):
+            adapter_dirs = {a: dirs[f"{m}/{a}"] for a in cfg.models[m].adapters if f"{m}/{a}" in dirs}
+            engines[m] = build_engine(cfg, m, dirs.get(m) or model_path(cfg, m), seed, adapter_dirs)
+    except BaseException:
+        for engine in engines.values():
+            if hasattr(engine, "close"):  # a vLLM engine holds its KV cache until shut down
+                engine.close()
+        raise
+    return engines
+
+
+def weight_target(engines: Mapping[str, Engine], model_id: str):
+    """What a push of `model_id` is applied to: its engine (`load_weights`), or for an adapter the
+    `AdapterSlot` of its base's engine."""
+    base, adapter = split_model(model_id)
+    return engines[base] if adapter is None else AdapterSlot(engines[base], adapter)
+
+
+def adapter_specs(cfg: DrmasConfig, model_id: str, dirs: Mapping[str, Path] | None = None, names=None):
+    """The `AdapterSpec`s of `names` (default: those agents name) of model `model_id`, each starting from its
+    directory in `dirs` when there is one."""
+    from drmas.models.adapters import AdapterSpec
+    from drmas.models.loading import torch_dtype
+
+    mcfg = cfg.models[model_id]
+    if names is None:
+        named = {split_model(a.model)[1] for a in cfg.agents.values() if split_model(a.model)[0] == model_id}
+        names = [a for a in mcfg.adapters if a in named]
+    return [AdapterSpec.of(a, mcfg.adapters[a], torch_dtype(mcfg.dtype), (dirs or {}).get(a)) for a in names]
+
+
+def adapter_trainers(cfg: DrmasConfig, ids: Sequence[str], device, ranks=None):
+    """`(trainers, tokenizer)`: a `PolicyTrainer` per adapter model id (all adapters of one model), over one
+    shared copy of the base, frozen in the compute dtype on `device` (a learner process: one adapter; the
+    colocated loop: every trained adapter of the model)."""
+    from drmas.learner.policy import PolicyTrainer
+    from drmas.models.adapters import attach_adapters
+    from drmas.models.loading import compute_dtype, load_model, torch_dtype
+
+    (base,) = {split_model(m)[0] for m in ids}  # one base model
+    mcfg = cfg.models[base]
+    dtype = compute_dtype(mcfg, device)
+    model, tokenizer = load_model(model_path(cfg, base), dtype=dtype, device=device, key=f"models.{base}")
+    names = [split_model(m)[1] for m in ids]
+    model = attach_adapters(model, adapter_specs(cfg, base, names=names), trainable=True, seed=cfg.trainer.seed,
+                            where=f"models.{base}.adapters")
+    trainers = [PolicyTrainer(m, model, optim_config(cfg, m), cfg.algorithm,
+                              {a: cfg.agents[a].loss_weight for a in trained_agents(cfg, m)}, ranks=ranks,
+                              compute_dtype=torch_dtype(dtype), adapter=name, export_merged=mcfg.export_merged)
+                for m, name in zip(ids, names)]
+    return trainers, tokenizer
 
 
 def model_path(cfg: DrmasConfig, model_id: str) -> Path:
-    return resolve_model_path(cfg.models[model_id], where=f"models.{model_id}")
+    """The directory of `model_id` (an adapter's: its base's)."""
+    base = split_model(model_id)[0]
+    return resolve_model_path(cfg.models[base], where=f"models.{base}")

@@ -44,8 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # output to a file or a pipe: no bars (each update would be a line); before the parser, whose sub-commands
+    # import tqdm, which reads its environment once, at import
+    quiet_progress_bars()
     args = build_parser().parse_args(argv)
-    quiet_progress_bars()  # output to a file or a pipe: no bars (each update would be a line)
     if getattr(args, "func", None) is not None:  # sub-commands that own their arguments
         return args.func(args)
     try:

@@ -3,7 +3,8 @@
 It wires the same components the asynchronous pipeline uses (episode runner, agent-wise advantages,
 per-model PolicyTrainer, engine.load_weights) so the two modes differ only in transport. The engine keeps
 its own copy of each model and receives the trainer's weights after every update, exactly as a remote
-rollout engine would.
+rollout engine would. The adapters of a model with LoRA adapters are trained over one shared frozen copy of
+its base (a trainer and an optimizer per adapter) and pushed into the one engine serving them all.
 
 A signal (Ctrl-C, SIGTERM) stops the run as it stops a pipeline process (`drmas.runtime.process.StopFlag`):
 the step in progress is abandoned at its next safe point (between engine steps of its rollout, or between
@@ -26,6 +27,10 @@ from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.core.sample import Sample
 from drmas.evaluation import heldout_accuracy
+from drmas.evaluation.command import CHUNK_BATCHES
+from drmas.evaluation.evals_log import EvalLog, summary_line
+from drmas.evaluation.interval import IntervalSchedule, RunningEvaluation, evaluate_now
+from drmas.evaluation.sampling import eval_agent_specs, load_benchmarks
 from drmas.learner.advantage import step_advantages
 from drmas.learner.policy import PolicyTrainer, UpdateStopped
 from drmas.learner.running_stats import AgentRewardStats
@@ -33,10 +38,9 @@ from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stat
 from drmas.models import checkpoint
 from drmas.models.devices import resolve_device
 from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
-from drmas.runtime.metrics import MetricsWriter, agent_line, spike_summary
+from drmas.runtime.metrics import PROMPTS_FILE, MetricsWriter, StepRecords, agent_line, spike_summary
 from drmas.runtime.process import StopFlag, progress_bars_on
 from drmas.runtime.run_dir import check_output_dir, claim_output_dir
-from drmas.tasks.sampler import ProblemSampler
 
 
 class StepAbandoned(Exception):
@@ -54,7 +58,8 @@ class ColocatedRun:
         checkpoint.seed_everything(cfg.trainer.seed)
         self.task = assembly.build_task(cfg)
         self.orchestra = assembly.build_orchestra(cfg, self.task)
-        self.sampler = ProblemSampler(self.task.split("train"), cfg.trainer.seed)
+        self.sampler = assembly.drawing_order(cfg, self.task)
+        assembly.check_drawing_order(cfg, cfg.trainer.output_dir, self.sampler)
         self.stats = AgentRewardStats(window=cfg.algorithm.running_stats_window)
         self.engines, self.trainers, self.tokenizers = {}, {}, {}
         self._build_models()
@@ -65,6 +70,9 @@ class ColocatedRun:
         self.eval_runner = EpisodeRunner(self.orchestra, self.engines,
                                          assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
                                          cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds)
+        # eval.interval: its questions are read (and a bad benchmark file refused) before the directory is claimed
+        self.interval_benchmarks = load_benchmarks(cfg, self.task) if cfg.eval.interval else {}
+        self.interval_agents = eval_agent_specs(cfg)
         # built and checked (data files, models, devices): only now is the directory claimed, so a refused run
         # leaves nothing that would refuse the corrected command (nor deleted the old run for trainer.overwrite)
         self.out = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
@@ -76,24 +84,34 @@ class ColocatedRun:
     def _build_models(self) -> None:
         from drmas.models.loading import compute_dtype, load_model, torch_dtype
 
-        for model_id, mcfg in self.cfg.models.items():
-            path = assembly.model_path(self.cfg, model_id)
-            self.engines[model_id] = assembly.build_engine(self.cfg, model_id, path, self.cfg.trainer.seed)
-            agents = assembly.trained_agents(self.cfg, model_id)
-            if mcfg.trainable and agents:
-                device = resolve_device(mcfg.device, f"models.{model_id}.device")
-                model, tokenizer = load_model(path, dtype=mcfg.dtype, device=device)
-                weights = {n: self.cfg.agents[n].loss_weight for n in agents}
-                self.trainers[model_id] = PolicyTrainer(model_id, model, mcfg.optim, self.cfg.algorithm, weights,
-                                                        compute_dtype=torch_dtype(compute_dtype(mcfg)),
-                                                        activation_checkpointing=mcfg.activation_checkpointing)
-                self.tokenizers[model_id] = tokenizer
+        cfg = self.cfg
+        self.engines = assembly.build_engines(cfg, cfg.trainer.seed)
+        trained = assembly.trained_models(cfg)
+        for base, mcfg in cfg.models.items():
+            ids = [m for m in trained if assembly.split_model(m)[0] == base]
+            if not ids:
+                continue
+            device = resolve_device(mcfg.device, f"models.{base}.device")
+            if mcfg.adapters:  # one frozen base, a trainer per adapter; the engine starts on their weights
+                trainers, tokenizer = assembly.adapter_trainers(cfg, ids, device)
+                for trainer in trainers:
+                    self.trainers[trainer.model_id], self.tokenizers[trainer.model_id] = trainer, tokenizer
+                    assembly.weight_target(self.engines, trainer.model_id).load_weights(trainer.named_tensors(), 0)
+                continue
+            model, tokenizer = load_model(assembly.model_path(cfg, base), dtype=mcfg.dtype, device=device)
+            weights = {n: cfg.agents[n].loss_weight for n in assembly.trained_agents(cfg, base)}
+            self.trainers[base] = PolicyTrainer(base, model, mcfg.optim, cfg.algorithm, weights,
+                                                compute_dtype=torch_dtype(compute_dtype(mcfg, device)),
+                                                activation_checkpointing=mcfg.activation_checkpointing)
+            self.tokenizers[base] = tokenizer
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def save(self) -> Path:
-        models = {m: (t.model, self.tokenizers[m]) for m, t in self.trainers.items()}
+        models = {m: (t.saveable(t.weight_source(), self.tokenizers[m]), self.tokenizers[m])
+                  for m, t in self.trainers.items()}
         states = {m: t.state_dict() for m, t in self.trainers.items()}
         run_state = {"step": self.step, "stats": self.stats.state_dict(), "sampler": self.sampler.state_dict(),
+                     "order": self.sampler.fingerprint(),
                      "accuracy": self.accuracy, "history": self.history}
         path = checkpoint.save_checkpoint(self.out, self.step, models, states, run_state,
                                           keep=self.cfg.trainer.keep_checkpoints)
@@ -131,28 +149,34 @@ class ColocatedRun:
         (self.out / "config.yaml").write_text(to_yaml(cfg))
         resumed = cfg.trainer.resume and self.resume()
         # a resumed run logs the steps after its checkpoint again: never twice (see MetricsWriter)
-        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard,
-                               resumed_at=self.step if cfg.trainer.resume else None)
+        resumed_at = self.step if cfg.trainer.resume else None
+        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard, resumed_at=resumed_at)
+        self.prompts = StepRecords(self.out / PROMPTS_FILE, resumed_at=resumed_at)
+        evals = EvalLog(self.out, tensorboard=cfg.logging.tensorboard, resumed_at=resumed_at)
+        schedule = IntervalSchedule(cfg.eval.interval, done=evals.done)
         test = list(self.task.split("test"))[: cfg.eval.n_problems]
         try:
             if not resumed and test:
                 self.accuracy["before"] = heldout_accuracy(self.eval_runner, test, "before")["accuracy"]
                 writer.log(self.step, {"eval/accuracy_before": self.accuracy["before"]})
                 self.log(f"held-out accuracy before training: {self.accuracy['before']:.3f} ({len(test)} problems)")
-            self._train(writer)
+            self._evaluate_if_due(schedule, evals)
+            self._train(writer, lambda: self._evaluate_if_due(schedule, evals))
             if test and not self.stop.is_set():
                 self.accuracy["after"] = heldout_accuracy(self.eval_runner, test, "after")["accuracy"]
                 writer.log(self.step, {"eval/accuracy_after": self.accuracy["after"]})
         except StepAbandoned:
             pass  # a signal: the held-out evaluation in progress is dropped, the run saves below
         writer.close()
+        self.prompts.close()
+        evals.close()
         if self.trainers and self.saved_step != self.step and self.step > 0:
             self.save()
         if self.stop.is_set():
             self.log(self._stopped_line())
         return self.summary()
 
-    def _train(self, writer: MetricsWriter) -> None:
+    def _train(self, writer: MetricsWriter, between_steps) -> None:
         cfg = self.cfg
         bar = _progress(cfg, initial=self.step)
         try:
@@ -163,14 +187,28 @@ class ColocatedRun:
                     break
                 self.step += 1
                 writer.log(self.step, scalars, hists)
+                self.prompts.write({"step": self.step, **self._drawn})
                 if cfg.logging.console_every and self.step % cfg.logging.console_every == 0:
                     speaking = [n for n, a in cfg.agents.items() if a.model]  # scripted agents make no samples
                     self.log(agent_line(self.step, scalars, speaking, list(self.trainers)))
                 if cfg.trainer.checkpoint_interval and self.step % cfg.trainer.checkpoint_interval == 0:
                     self.save()
                 bar.update(1)
+                between_steps()
         finally:
             bar.close()
+
+    def _evaluate_if_due(self, schedule: IntervalSchedule, evals: EvalLog) -> None:
+        """eval.interval: evaluate the weights of this step (the engines hold them since the step's push)."""
+        if not schedule.due(self.step):
+            return
+        schedule.started(self.step)
+        evaluation = RunningEvaluation(self.cfg, self.step, self.interval_benchmarks, self.interval_agents,
+                                       self.orchestra.agents)
+        per_call = max(1, CHUNK_BATCHES * self.cfg.rollout.max_batch_size // self.cfg.eval.k)
+        report = evaluate_now(self.eval_runner, evaluation, per_call)
+        evals.write(report)
+        self.log(summary_line(report))
 
     def _stopped_line(self) -> str:
         how = f"stopped by {self.stop.signal_name or 'request'} at step {self.step} of {self.cfg.trainer.steps}"
@@ -198,7 +236,9 @@ class ColocatedRun:
 
     def _train_step(self) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         cfg, t0 = self.cfg, time.perf_counter()
+        first = self.sampler.drawn
         problems = self.sampler.next(cfg.rollout.prompts_per_step)
+        self._drawn = {"draws": list(range(first, first + len(problems))), "prompts": [p.uid for p in problems]}
         requests = [
             EpisodeRequest(f"s{self.step}-g{gi}-e{ei}", f"s{self.step}-g{gi}", problem)
             for gi, problem in enumerate(problems)
@@ -234,14 +274,14 @@ class ColocatedRun:
     def _push_weights(self, version: int) -> None:
         """Copy every trained model's weights into its engine; `version` stamps the tokens generated next."""
         for model_id, trainer in self.trainers.items():
-            self.engines[model_id].load_weights(trainer.named_tensors(), version=version)
+            assembly.weight_target(self.engines, model_id).load_weights(trainer.named_tensors(), version=version)
 
     def summary(self) -> dict:
         out = {"steps": self.step, "accuracy": dict(self.accuracy), "reward_stats": agent_reward_stats(self.stats)}
         if self.stop is not None and self.stop.is_set():
             out["stopped"] = self.stop.signal_name or "request"
         for key, values in self.history.items():
-            if key.startswith("grad_norm/") and key.count("/") == 1:
+            if key in {f"grad_norm/{m}" for m in self.trainers}:
                 out[key] = spike_summary(values)
             elif key.endswith("/sq_mean"):
                 out[key] = float(np.mean(values))

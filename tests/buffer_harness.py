@@ -35,10 +35,10 @@ def episode(group: str, index: int, agents: Sequence[str] = ("solver", "verifier
 
 
 def send_group(producer: BufferProducer, group: str, size: int, agents: Sequence[str] = ("solver", "verifier"),
-               version: int = 0) -> None:
+               version: int = 0, draw: int = -1) -> None:
     for i in range(size):
         episode_id, samples = episode(group, i, agents, reward=float(i), version=version)
-        producer.send_episode(group, size, episode_id, samples)
+        producer.send_episode(group, size, episode_id, samples, draw=draw)
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:

@@ -76,6 +76,8 @@ def test_each_agent_gets_its_samples_with_every_episode_score(make_buffer, clien
     assert {s.agent for s in solver_group.samples} == {"solver"}
     assert {s.agent for s in verifier_group.samples} == {"verifier"}
     assert solver_group.episode_scores == verifier_group.episode_scores == {"g/e0": 0.5, "g/e1": 1.0}
+    # each part names every agent of its group: a learner's agent with none had nothing to train in it
+    assert solver_group.group_agents == verifier_group.group_agents == ["solver", "verifier"]
     assert solver_learner.pull(["solver"]) == [] and verifier_learner.pull(["verifier"]) == []
 
 
@@ -289,18 +291,20 @@ def test_messages_round_trip_and_carry_the_schema_version() -> None:
 def test_synchronous_admission_waits_for_the_learner_version(make_buffer, clients) -> None:
     buf = make_buffer(agent_models={"solver": "m1"}, groups_per_step={"m1": 2}, max_staleness=0)
     producer, learner = clients.producer(buf), clients.consumer(buf)
-    assert producer.request_admission(5) == 2  # (0 + 0 + 1) * 2
-    assert producer.request_admission(1) == 0  # both running
-    for g in ("a", "b"):
-        send_group(producer, g, 2, agents=("solver",))
+    assert producer.request_admission(5) == []  # no learner heard from yet: its version is unknown
+    learner.report_version("m1", 0)
+    assert producer.request_admission(5) == [0, 1]  # (0 + 0 + 1) * 2 groups: the first two draws
+    assert producer.request_admission(1) == []  # both running
+    for draw, g in enumerate(("a", "b")):
+        send_group(producer, g, 2, agents=("solver",), draw=draw)
     producer.flush()
-    assert producer.request_admission(1) == 0  # both accepted, version still 0
+    assert producer.request_admission(1) == []  # both accepted, version still 0
     stats = learner.stats()
     assert stats.running_groups == 0 and stats.accepted_groups == {"m1": 2}
 
     assert len(learner.pull(["solver"], max_groups=2)) == 2
     learner.report_version("m1", 1)
-    assert producer.request_admission(5) == 2  # (0 + 1 + 1) * 2 - 2
+    assert producer.request_admission(5) == [2, 3]  # (0 + 1 + 1) * 2 - 2
 
 
 def test_stale_groups_are_dropped_at_delivery_and_their_budget_returned(make_buffer, clients) -> None:
@@ -321,10 +325,12 @@ def test_unclaimed_leases_expire(make_buffer, clients) -> None:
     buf = make_buffer(agent_models={"solver": "m1"}, groups_per_step={"m1": 3}, max_staleness=0,
                       lease_timeout_s=0.2)
     producer = clients.producer(buf)
-    assert producer.request_admission(3) == 3
+    clients.consumer(buf).report_version("m1", 0)
+    assert producer.request_admission(3) == [0, 1, 2]
     wait_until(lambda: producer.stats().expired_lease_groups == 3)
     assert producer.stats().running_groups == 0
-    assert producer.request_admission(3) == 3
+    assert producer.request_admission(3) == [0, 1, 2]  # never started: the same draws again
+    assert producer.stats().draws["redrawn"] == 3
 
 
 # ---- security ----------------------------------------------------------------------------------------
@@ -433,15 +439,16 @@ def test_a_dead_producer_releases_its_budget_and_unfinished_groups(make_buffer, 
                       producer_timeout_s=1.0)
     dying = clients.producer(buf, name="dying", heartbeat_s=0.1)
     other = clients.producer(buf, name="other", heartbeat_s=0.1)
-    assert dying.request_admission(2) == 2  # the whole budget of version 0
+    clients.consumer(buf).report_version("m1", 0)
+    assert dying.request_admission(2) == [0, 1]  # the whole budget of version 0
     producer_id, samples = episode("half", 0, ("solver",))
-    dying.send_episode("half", 2, producer_id, samples)  # one of two episodes, then it dies
+    dying.send_episode("half", 2, producer_id, samples, draw=0)  # one of two episodes, then it dies
     dying.flush()
-    assert other.request_admission(1) == 0
+    assert other.request_admission(1) == []
     time.sleep(1.5)  # longer than producer_timeout_s: heartbeats keep both alive meanwhile
     assert buf.stats().running_groups == 2 and buf.stats().dropped == {}
     dying.close()
     wait_until(lambda: buf.stats().dropped.get("producer_gone") == 1)
     stats = buf.stats()
     assert stats.running_groups == 0 and stats.incomplete_groups == 0 and conserved(stats)
-    assert other.request_admission(2) == 2  # the budget is free again
+    assert other.request_admission(2) == [0, 1]  # the budget is free again, and its draws are drawn again

@@ -36,6 +36,24 @@ def _advance(admission: AdmissionController, model: str, incarnation: str, versi
         admission.update_version(model, version, incarnation, queued_groups=14 - 2 * version)
 
 
+def test_a_group_gives_its_budget_back_only_when_it_leaves_its_model_nothing_to_train() -> None:
+    """After a learner restart the solver's part of a group was orphaned and its verifier's trained: the group
+    was consumed, and refunding it let rollouts start a group too many (dropped stale, drawn again)."""
+    admission = AdmissionController({"solver": "m", "verifier": "m"}, {"m": 2}, max_staleness=0,
+                                    max_running=None, lease_timeout_s=60)
+    admission.update_version("m", 0, "a")
+    for group in ("g0", "g1"):
+        admission.on_complete({"m"}, leased=False, group_id=group, parts={"m": 2})
+    admission.on_dropped("g0", "m")  # the solver's part: the verifier's is trained
+    assert admission.accepted["m"] == 2 and admission.capacity() == 0
+    admission.on_dropped("g1", "m")
+    admission.on_dropped("g1", "m")  # both parts: nothing of it is trained
+    assert admission.accepted["m"] == 1 and admission.capacity() == 1
+    admission.on_complete({"m"}, leased=False, group_id="g2", parts={"m": 2})
+    admission.on_dropped("g2", "m", whole=True)  # a draw drawn again for one agent: not counted in a step
+    assert admission.accepted["m"] == 1
+
+
 def test_a_learner_restarted_behind_its_peer_gets_its_budget_back() -> None:
     admission = AdmissionController({"solver": "m1", "verifier": "m2"}, {"m1": 2, "m2": 2}, max_staleness=1,
                                     max_running=None, lease_timeout_s=60)
@@ -88,9 +106,9 @@ def test_a_new_learner_of_a_finished_model_reopens_it(make_buffer, clients) -> N
     producer, learner = clients.producer(buf), clients.consumer(buf)
     learner.report_version("m1", 3, "learner-of-m1", finished=True)
     learner.report_version("m2", 3, "learner-of-m2", finished=True)
-    assert producer.request_admission(4) == 0  # nobody trains: nothing is admitted
+    assert producer.request_admission(4) == []  # nobody trains: nothing is admitted
     learner.report_version("m2", 3, "learner-of-m2-again")  # resumed at its last version, more steps to go
-    assert producer.request_admission(4) > 0
+    assert producer.request_admission(4)
     send_group(producer, "after", 2, version=3)
     producer.flush()
     wait_until(lambda: buf.stats().depth.get("verifier") == 1)
@@ -118,8 +136,10 @@ def test_poisoned_samples_are_refused_with_their_reason_and_take_their_group_dow
     buf = make_buffer(max_sample_tokens=16, groups_per_step={"m1": 4, "m2": 4}, max_staleness=0)
     producer, learner = clients.producer(buf), clients.consumer(buf)
     expected = {"reward": "non_finite", "logprob": "non_finite", "token": "bad_token", "length": "too_long"}
+    learner.report_version("m1", 0)
+    learner.report_version("m2", 0)
     for field, reason in expected.items():
-        assert producer.request_admission(1) == 1
+        assert len(producer.request_admission(1)) == 1
         group = f"poison-{field}"
         good_id, good = episode(group, 0, agents=("solver",))
         producer.send_episode(group, 3, good_id, good)
@@ -135,7 +155,7 @@ def test_poisoned_samples_are_refused_with_their_reason_and_take_their_group_dow
     assert stats.rejected == {"non_finite": 2, "bad_token": 1, "too_long": 1, "group_discarded": 4}
     assert stats.dropped == {"refused_episode": 4} and conserved(stats)
     assert stats.running_groups == 0  # each dropped group gave its admission slot back at once
-    assert producer.request_admission(4) == 4
+    assert len(producer.request_admission(4)) == 4
 
 
 def test_header_only_validation_still_refuses_a_non_finite_reward(make_buffer, clients) -> None:

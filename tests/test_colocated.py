@@ -66,6 +66,38 @@ def test_running_reward_statistics_reach_tensorboard_and_the_summary(tmp_path, c
     assert "running reward (solver) mean / std / count" in printed and "running reward (verifier)" in printed
 
 
+def test_eval_interval_scores_every_version_between_steps_without_changing_training(tmp_path):
+    """eval.interval=1: versions 0, 1, 2 are evaluated (avg@k / pass@k, per-agent statistics) into evals.jsonl and
+    TensorBoard at their version; the training steps are those of a run without evaluations."""
+    quick = ["trainer.steps=2", "eval.n_problems=0", "eval.k=2", "eval.max_questions=1", "models.policy.tiny.prime_steps=0"]
+    plain = ColocatedRun(_cfg(tmp_path / "plain", *quick), log=lambda *_: None)
+    plain.run()
+    lines = []
+    cfg = load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'run'}", "logging.tensorboard=true", *quick,
+                              "eval.interval=1"])
+    ColocatedRun(cfg, log=lines.append).run()
+    records = [json.loads(line) for line in (tmp_path / "run" / "evals.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in records] == [0, 1, 2]
+    for r in records:
+        assert r["versions"] == {"policy": [r["version"], r["version"]]}  # one version per evaluation
+        score = r["benchmarks"]["arithmetic"]
+        assert score["k"] == 2 and score["n_questions"] == 1 and 0 <= score["avg@k"] <= score["pass@k"] <= 1
+        behaviour = r["behaviour"]["arithmetic"]
+        assert behaviour["episodes"] == 2 and behaviour["agents"]["solver"]["calls_per_episode"] >= 1
+        assert "approved" in behaviour["info"]
+    assert any(line.startswith("eval at version 2: arithmetic avg@2") for line in lines)
+    scalars = tensorboard_scalars(tmp_path / "run" / "tensorboard")
+    assert [step for step, _ in scalars["eval/arithmetic/avg@k"]] == [0, 1, 2]
+    assert [value for _, value in scalars["eval/arithmetic/pass@k"]] == [r["benchmarks"]["arithmetic"]["pass@k"]
+                                                                         for r in records]
+    assert [step for step, _ in scalars["eval/arithmetic/calls_per_episode/verifier"]] == [0, 1, 2]
+    # the evaluations draw no problem, touch no statistic and no sampling stream of the training steps
+    trained = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    for a, b in zip(read_metrics(tmp_path / "plain" / "run" / "metrics.jsonl"), trained, strict=True):
+        assert (a["step"], a["loss/policy"], a["reward/solver/mean"]) == (b["step"], b["loss/policy"],
+                                                                          b["reward/solver/mean"])
+
+
 def test_engine_logprobs_match_learner_on_same_weights(tmp_path):
     """Behaviour log-probs (engine, incremental KV cache) vs the learner's padded recomputation."""
     run = ColocatedRun(_cfg(tmp_path, "trainer.steps=1", "eval.n_problems=0"), log=lambda *_: None)

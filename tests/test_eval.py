@@ -13,6 +13,7 @@ import pytest
 
 from drmas.evaluation.behaviour import behaviour_stats
 from drmas.evaluation.command import cli, prepare, run_evaluation
+from drmas.evaluation.outputs import tensorboard_scalars
 from drmas.evaluation.passk import (
     avg_at_k,
     estimated_pass_at_k,
@@ -114,6 +115,17 @@ def test_behaviour_stats_per_agent_and_numeric_info_keys():
     assert verifier["calls_per_episode"] == 0.5 and verifier["valid_share"] == 0.0
     assert searcher == {"calls_per_episode": 0.0, "valid_share": None, "calls": 0, "mean_response_chars": None}
     assert stats["info"] == {"rounds": 1.5, "approved": 0.5, "searches": 3.0}  # searches: only where reported
+
+
+def test_behaviour_on_failed_episodes_says_how_often_a_wrong_answer_was_approved():
+    right = EpisodeOutcome(reward=1.0, turns=[TurnResult("solver", "4", True)], info={"approved": True})
+    wrong_approved = EpisodeOutcome(reward=0.0, turns=[TurnResult("solver", "5", True)], info={"approved": True})
+    wrong_rejected = EpisodeOutcome(reward=0.5, turns=[TurnResult("solver", "6", True)], info={"approved": False})
+    stats = behaviour_stats([right, wrong_approved, wrong_rejected, wrong_rejected])
+    assert stats["info"]["approved"] == 0.5
+    assert stats["info_on_failures"] == {"approved": pytest.approx(1 / 3)}  # partial credit is not a success
+    report = {"benchmarks": {}, "behaviour": {"b": stats}}
+    assert tensorboard_scalars(report)["eval/b/on_failures/approved"] == pytest.approx(1 / 3)
 
 
 # ------------------------------------------------------------------------------------------- the command

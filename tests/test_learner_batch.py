@@ -71,6 +71,27 @@ def test_collector_counts_groups_not_parts_and_drops_stale_parts_whole():
     assert [(p.group_id, p.agent) for p in batch.groups] == [("g2", "b"), ("g3", "a")] and not batch.dropped
 
 
+def test_collector_trains_a_makeup_part_on_top_of_the_steps_groups_and_never_a_draw_twice():
+    """Draw 4 was drawn again for agent a alone (b trained it): a's part comes on top of two fresh groups, b's is
+    dropped; so over its steps each agent trains as many groups as in an uninterrupted run."""
+    trained = {"a": {0}, "b": {0, 4}}
+    parts = [_part("g4", "a", {"e0": 1.0}), _part("g4", "b", {"e0": 1.0}),
+             _part("g5", "a", {"e1": 1.0}), _part("g5", "b", {"e1": 1.0}),
+             _part("g6", "a", {"e2": 1.0}), _part("g6", "b", {"e2": 1.0}), _part("g0", "a", {"e3": 1.0})]
+    for part, draw in zip(parts, (4, 4, 5, 5, 6, 6, 0)):
+        part.draw = draw
+    consumer = FakeConsumer(parts)
+    collector = GroupCollector(consumer, ["a", "b"], groups_per_step=2, max_staleness=1,
+                               stop=StopFlag(install=False), poll_ms=0,
+                               trained=lambda part: part.draw in trained[part.agent],
+                               makeup=lambda part: any(part.draw in trained[x] for x in "ab" if x != part.agent))
+    batch = collector.next_batch(version=0)
+    assert [(p.group_id, p.agent) for p in batch.groups] == [("g4", "a"), ("g5", "a"), ("g5", "b"), ("g6", "a"),
+                                                             ("g6", "b")]
+    assert consumer.reports == [("b", ["g4"], 1, "already_trained")]
+    assert batch.prompts_record()["agents"] == {"a": [4, 5, 6], "b": [5, 6]}
+
+
 def test_collector_drops_parts_made_by_versions_a_killed_learner_published_after_its_checkpoint():
     lineage = Lineage("y").resumed(Lineage("x").state_dict(), version=5)  # x reached 6, saved 5, was killed
     parts = [

@@ -83,7 +83,7 @@ def test_loss_and_grad_norm_equal_the_full_logits_reference(tiny_model_dir, batc
     alg = AlgorithmConfig(micro_batch_size=2, aggregation=aggregation)
     want_loss, want_norm = reference(tiny_model_dir, samples, adv, alg)
     model, _ = load_model(tiny_model_dir)
-    trainer = PolicyTrainer("m", model, OptimConfig(lr=1e-3, grad_clip=1.0), alg)
+    trainer = PolicyTrainer("m", model, OptimConfig(lr=1e-3, grad_clip=1.0), alg, activation_checkpointing=True)
     assert trainer.model.is_gradient_checkpointing
     metrics = trainer.update(samples, adv)
     assert metrics["loss/m"] == pytest.approx(want_loss, rel=1e-5, abs=1e-7)
@@ -113,7 +113,8 @@ def test_checkpointed_layers_are_recomputed_in_the_backward(tiny_model_dir):
     measured by bench/memory.py."""
     ids = torch.randint(0, 1000, (2, 16))
     layers = load_model(tiny_model_dir)[0].config.num_hidden_layers
-    on = PolicyTrainer("m", load_model(tiny_model_dir)[0], OptimConfig(), AlgorithmConfig())
+    on = PolicyTrainer("m", load_model(tiny_model_dir)[0], OptimConfig(), AlgorithmConfig(),
+                       activation_checkpointing=True)
     off = PolicyTrainer("m", load_model(tiny_model_dir)[0], OptimConfig(), AlgorithmConfig(),
                         activation_checkpointing=False)
     assert (_layer_runs(on, ids), _layer_runs(off, ids)) == (2 * layers, layers)

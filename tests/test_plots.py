@@ -47,3 +47,26 @@ def test_the_staleness_figures_come_out_next_to_the_run_and_never_over_the_track
         assert "not drawn, matplotlib is not installed: pip install 'drmas[bench]'" in done.stdout
         assert not (run / "staleness.png").exists()
     assert hashlib.sha256(tracked.read_bytes()).hexdigest() == before
+
+
+def test_the_eval_curves_are_read_from_the_event_files_and_drawn_next_to_the_run(tmp_path):
+    from drmas.evaluation.evals_log import EvalLog
+
+    run = tmp_path / "run"
+    evals = EvalLog(run / "eval", tensorboard=True)  # where an async run's evaluations go
+    for version, score in ((0, 0.25), (2, 0.5)):
+        evals.write({"version": version, "step": version,
+                     "benchmarks": {"arithmetic": {"avg@k": score, "pass@k": 2 * score, "k": 4, "n_questions": 8}},
+                     "behaviour": {"arithmetic": {"episodes": 32, "info": {}, "info_on_failures": {"approved": 0.75},
+                                                  "agents": {"verifier": {"calls_per_episode": 1.0, "valid_share": 0.5}}}}})
+    evals.close()
+    done = subprocess.run([sys.executable, str(ROOT / "docs" / "plot_eval.py"), str(run)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "version | arithmetic/avg@k | arithmetic/pass@k | arithmetic/valid/verifier | " \
+           "arithmetic/on_failures/approved" in done.stdout
+    assert "      2 | 0.500 | 1.000 | 0.500 | 0.750" in done.stdout
+    if HAVE_MATPLOTLIB:
+        assert (run / "eval.png").is_file() and f"wrote {run / 'eval.png'}" in done.stdout
+    else:
+        assert "not drawn, matplotlib is not installed" in done.stdout and not (run / "eval.png").exists()

@@ -57,10 +57,10 @@ def test_settings_errors_name_the_key(overrides, message):
 
 
 def test_a_name_nothing_registered_is_reported_and_the_settings_only_loader_keeps_the_name_alone():
-    with pytest.raises(ConfigError, match=r"system.name: 'debate' is not a registered orchestra.*plugins"):
-        load_config(SMOKE, ["system.name=debate", "system.rounds=3"])
+    with pytest.raises(ConfigError, match=r"system.name: 'negotiation' is not a registered orchestra.*plugins"):
+        load_config(SMOKE, ["system.name=negotiation", "system.rounds=3"])
     # the buffer reads configs without importing the systems: it keeps the name, checks no key it cannot know
-    assert load_settings_only(SMOKE, ["system.name=debate", "system.rounds=3"]).system == SystemSettings(name="debate")
+    assert load_settings_only(SMOKE, ["system.name=negotiation", "system.rounds=3"]).system == SystemSettings(name="negotiation")
 
 
 def test_config_keys_lists_the_settings_of_every_registered_system_and_task(capsys):

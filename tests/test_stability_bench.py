@@ -46,3 +46,19 @@ def test_two_global_steps_give_every_figure(tmp_path) -> None:
     bench.write_outputs(result, tmp_path, tmp_path / "stability.png")
     assert (tmp_path / "stability.json").is_file() and "| `global` |" in (tmp_path / "stability.md").read_text()
     assert (tmp_path / "stability.png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
+
+
+def test_the_debate_setting_loads_its_plugin_and_the_formula_holds_with_per_agent_rewards(tmp_path) -> None:
+    """The `debate` setting (a plugin system from examples/, rewards per agent): under `global` each call
+    carries its episode's mean reward, and the formula still equals the advantages the learner computes."""
+    bench = _bench()
+    run = bench.train_one(str(ROOT / bench.SETTINGS["debate"]["config"]), "global", 0, 1,
+                          ["eval.n_problems=1", "logging.tensorboard=false"], str(tmp_path / "run"))
+    assert run["steps"] == 1 and set(run["models"]) == {"solver_model", "judge_model"}
+    calls = {agent: figures["calls_per_step"] for agent, figures in run["agents"].items()}
+    assert calls == {"solver_1": 32, "solver_2": 32, "judge": 16}  # 2 prompts x 8 episodes x (2 rounds | 1 pick)
+    # up to eps (1e-6 added to the std): episode scores here (means of 5 calls, -0.02 per invalid one) have stds
+    # near 0.01, where eps shows in the fourth digit
+    for figures in run["agents"].values():
+        assert figures["measured_calls"] and figures["measured"] == pytest.approx(figures["predicted"], rel=1e-3)
+    assert all(math.isfinite(g) for g in run["series"]["grad_norm"]["judge_model"])

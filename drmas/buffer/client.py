@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import zmq
 
@@ -27,6 +27,7 @@ from drmas.buffer.messages import (
     AdmitRequest,
     AgentGroup,
     DropReport,
+    Draws,
     EpisodeMsg,
     Heartbeat,
     MessageError,
@@ -37,6 +38,7 @@ from drmas.buffer.messages import (
     encode_message,
 )
 from drmas.config.buffer import BufferConfig
+from drmas.core.draws import DrawSet
 from drmas.core.sample import Sample
 from drmas.runtime.netsec import CurveClientKeys, client_keys
 
@@ -204,6 +206,7 @@ class BufferProducer(_Client):
             self._heartbeat = _Heartbeat(endpoint, producer_id, heartbeat_s, curve, context)
         self.window = window
         self.rejections: list[Rejection] = []
+        self.learner_versions: dict[str, int] = {}  # model -> its learner's version, as of the last grant
         self._unacked: dict[int, str] = {}  # seq -> episode_id
         self.lost_episodes = 0  # unacknowledged when the buffer restarted
 
@@ -223,12 +226,14 @@ class BufferProducer(_Client):
         return len(self._unacked)
 
     def send_episode(self, group_id: str, group_size: int, episode_id: str, samples: Sequence[Sample],
-                     frozen_rewards: Sequence[float] = ()) -> int:
+                     frozen_rewards: Sequence[float] = (), draw: int = -1, prompt: str = "") -> int:
         """Queue one finished episode; returns its seq. Waits (up to `timeout_s`) only for window credit.
 
         `frozen_rewards`: the rewards of the episode's calls that are not sent (agents no learner trains);
         they still count in its trajectory score and its group's pooled rewards. `samples` may be empty
-        when only such agents spoke: the episode still completes its group.
+        when only such agents spoke: the episode still completes its group. `draw`: the draw its group was
+        granted (`request_admission`), and `prompt` that problem's uid; -1 for a group outside the drawing
+        order.
         A TimeoutError here means the episode was *not* sent (the buffer stayed full or unreachable);
         calling again later retries it.
         """
@@ -237,6 +242,7 @@ class BufferProducer(_Client):
         message = EpisodeMsg(
             producer=self.producer_id, seq=seq, group_id=group_id, group_size=group_size,
             episode_id=episode_id, samples=list(samples), frozen_rewards=[float(r) for r in frozen_rewards],
+            draw=draw, prompt=prompt,
         )
         self._send(message)
         self._unacked[seq] = episode_id
@@ -246,12 +252,15 @@ class BufferProducer(_Client):
         """Wait until every sent episode is acknowledged (accepted or refused)."""
         self._wait_for(lambda: not self._unacked, "acknowledgement of every episode", timeout_s)
 
-    def request_admission(self, n_groups: int) -> int:
-        """Ask to start `n_groups` new groups; returns how many the staleness bound allows now."""
+    def request_admission(self, n_groups: int) -> list[int]:
+        """Ask to start `n_groups` new groups; returns the draws of those the staleness bound allows now (one
+        group each, in the run's drawing order: `drmas.core.draws`). The versions the grant was based on are
+        kept in `learner_versions` (0 groups: just ask for them)."""
         seq = next(self._seq)
         reply = self._request(AdmitRequest(seq=seq, producer=self.producer_id, n_groups=n_groups), seq)
         assert isinstance(reply, AdmitReply), reply
-        return reply.granted
+        self.learner_versions = dict(reply.versions)
+        return list(reply.draws)
 
     def pop_rejections(self) -> list[Rejection]:
         rejections, self.rejections = self.rejections, []
@@ -375,18 +384,26 @@ class BufferConsumer(_Client):
         if self._resync:
             self._resync = False
             for update in list(self._versions.values()):
-                self.report_version(update.model, update.version, update.incarnation, update.finished)
+                self._send_version(update)
         return groups
 
-    def report_version(self, model: str, version: int, incarnation: str = "", finished: bool = False) -> None:
+    def report_version(self, model: str, version: int, incarnation: str = "", finished: bool = False,
+                       trained: Optional[Mapping[str, DrawSet]] = None) -> None:
         """Publish this learner's policy version (admission and the stale-drop rule follow it).
 
         `incarnation` names this learner process (a new one makes the buffer recount the model's budget);
-        `finished` says it took its last step (admission then stops waiting for it)."""
-        seq = next(self._seq)
-        update = VersionUpdate(seq=seq, model=model, version=version, incarnation=incarnation, finished=finished)
-        self._versions[model] = update
-        self._request(update, seq)
+        `finished` says it took its last step (admission then stops waiting for it); `trained`: the draws
+        each of its agents has trained (the buffer draws again what was handed out and is neither trained nor
+        on its way)."""
+        wire = None if trained is None else {agent: Draws(floor=draws.floor, extra=sorted(draws.extra))
+                                             for agent, draws in trained.items()}
+        self._send_version(VersionUpdate(seq=0, model=model, version=version, incarnation=incarnation,
+                                         finished=finished, trained=wire))
+
+    def _send_version(self, update: VersionUpdate) -> None:
+        update.seq = next(self._seq)
+        self._versions[update.model] = update
+        self._request(update, update.seq)
 
     def report_drops(self, agent: str, group_ids: Sequence[str], n_samples: int, reason: str) -> None:
         """Tell the buffer this learner dropped delivered groups, so they are counted and replaced."""

@@ -1,6 +1,6 @@
 """How buffer messages map onto ZeroMQ frames, and the views of them the buffer and its clients read.
 
-Message schema 3: a message is one msgpack head frame, followed -- for the two messages that carry samples,
+Message schema 3 and later: a message is one msgpack head frame, followed -- for the two messages that carry samples,
 `EpisodeMsg` and `GroupBatch` -- by frames of samples (`drmas.core.sample.encode_sample` bytes). The head lists
 every sample's size. A sample of `OWN_FRAME_BYTES` or more travels in a frame of its own; smaller ones are
 joined, in order, into one frame between two large ones (`pack`).
@@ -21,7 +21,7 @@ Python object on each side, which for a 10 KiB sample is several times what copy
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
 import msgspec
@@ -75,6 +75,8 @@ class EpisodeView:
     episode_id: str
     frozen_rewards: list[float]
     samples: list[FrameLike]
+    draw: int = -1
+    prompt: str = ""
 
 
 @dataclass(slots=True)
@@ -90,6 +92,9 @@ class AgentGroupView:
     episode_scores: dict[str, float]
     group_rewards: list[float]
     checked: bool = False
+    draw: int = -1
+    prompt: str = ""
+    group_agents: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -163,12 +168,13 @@ def encode_frames(message: object) -> list[FrameLike]:
         sizes, frames = pack([encode_sample(sample) for sample in message.samples])
         head = EpisodeHead(producer=message.producer, seq=message.seq, group_id=message.group_id,
                            group_size=message.group_size, episode_id=message.episode_id, sample_sizes=sizes,
-                           frozen_rewards=message.frozen_rewards)
+                           frozen_rewards=message.frozen_rewards, draw=message.draw, prompt=message.prompt)
         return [encode_head(head), *frames]
     if isinstance(message, GroupBatch):
         view = GroupBatchView(seq=message.seq, instance=message.instance, groups=[
             AgentGroupView(group_id=g.group_id, agent=g.agent, model=g.model, episode_scores=g.episode_scores,
-                           group_rewards=g.group_rewards, samples=[encode_sample(s) for s in g.samples])
+                           group_rewards=g.group_rewards, samples=[encode_sample(s) for s in g.samples],
+                           draw=g.draw, prompt=g.prompt, group_agents=g.group_agents)
             for g in message.groups
         ])
         return encode_frames(view)
@@ -178,7 +184,8 @@ def encode_frames(message: object) -> list[FrameLike]:
         for g in message.groups:
             groups.append(GroupHead(group_id=g.group_id, agent=g.agent, model=g.model,
                                     sample_sizes=sizes[at:at + len(g.samples)], episode_scores=g.episode_scores,
-                                    group_rewards=g.group_rewards))
+                                    group_rewards=g.group_rewards, draw=g.draw, prompt=g.prompt,
+                                    group_agents=g.group_agents))
             at += len(g.samples)
         head = GroupBatchHead(seq=message.seq, instance=message.instance, checked=message.checked, groups=groups)
         return [encode_head(head), *frames]
@@ -214,7 +221,7 @@ def decode_buffer_request(frames: Sequence[FrameLike], max_bytes: Optional[int] 
     if isinstance(head, EpisodeHead):
         return EpisodeView(producer=head.producer, seq=head.seq, group_id=head.group_id,
                            group_size=head.group_size, episode_id=head.episode_id,
-                           frozen_rewards=head.frozen_rewards, samples=samples)
+                           frozen_rewards=head.frozen_rewards, samples=samples, draw=head.draw, prompt=head.prompt)
     return head
 
 
@@ -232,7 +239,8 @@ def decode_client_reply(frames: Sequence[FrameLike]) -> ClientReply:
         n_samples = len(group.sample_sizes)
         groups.append(AgentGroupView(group_id=group.group_id, agent=group.agent, model=group.model,
                                      samples=samples[at:at + n_samples], episode_scores=group.episode_scores,
-                                     group_rewards=group.group_rewards, checked=head.checked))
+                                     group_rewards=group.group_rewards, checked=head.checked, draw=group.draw,
+                                     prompt=group.prompt, group_agents=group.group_agents))
         at += n_samples
     return GroupBatchView(seq=head.seq, groups=groups, instance=head.instance, checked=head.checked)
 
@@ -251,7 +259,7 @@ def decode_message(data: Union[bytes, Sequence[FrameLike]], max_bytes: Optional[
                 raise MessageError(reason_of(exc), f"sample {index}: {exc}") from None
         message = EpisodeMsg(producer=head.producer, seq=head.seq, group_id=head.group_id,
                              group_size=head.group_size, episode_id=head.episode_id, samples=samples,
-                             frozen_rewards=head.frozen_rewards)
+                             frozen_rewards=head.frozen_rewards, draw=head.draw, prompt=head.prompt)
         validate_episode(message)
         return message
     if isinstance(head, GroupBatchHead):
@@ -274,7 +282,8 @@ def open_group(view: AgentGroupView, checked: Optional[bool] = None) -> AgentGro
             raise MessageError(reason_of(exc), f"group {view.group_id} sample {index}: {exc}") from None
     return AgentGroup(
         group_id=view.group_id, agent=view.agent, model=view.model, samples=samples,
-        episode_scores=view.episode_scores, group_rewards=view.group_rewards,
+        episode_scores=view.episode_scores, group_rewards=view.group_rewards, draw=view.draw, prompt=view.prompt,
+        group_agents=list(view.group_agents),
     )
 
 

@@ -16,7 +16,7 @@ is one frame (`encode_message`).
 
 from __future__ import annotations
 
-from typing import Annotated, Callable, Union
+from typing import Annotated, Callable, Optional, Union
 
 import msgspec
 
@@ -25,8 +25,9 @@ from drmas.core.sample import SCHEMA_VERSION as SAMPLE_SCHEMA_VERSION
 from drmas.core.sample import Finite, Name, Sample, Version, check_sample, reason_of
 
 # 2: samples carry packed arrays (sample schema 2); 3: samples travel in frames of their own, and the
-# buffer acknowledges episodes in batches (`Acks`)
-MESSAGE_SCHEMA_VERSION = 3
+# buffer acknowledges episodes in batches (`Acks`); 4: groups carry their draw number (grants hand draws out,
+# learners report the draws they trained: `drmas.core.draws`)
+MESSAGE_SCHEMA_VERSION = 4
 
 # Reasons a message is refused (keys of `Stats.rejected`, `Ack.reason`).
 REJECT_OVERSIZED = "oversized"
@@ -35,6 +36,14 @@ REJECT_SCHEMA_VERSION = "schema_version"
 REJECT_UNEXPECTED = "unexpected_message"
 REJECT_INVALID = "invalid"
 REJECT_FRAMING = "bad_framing"
+
+# Reasons a learner drops a delivered part (`DropReport.reason`) that say nothing about its prompt: a crash's or
+# the staleness bound's doing. The buffer draws such a part's draw again without counting it against the prompt
+# (`drmas.buffer.draws`); any other reason (a sample the model cannot take, a failed update) counts.
+DROP_STALE = "stale"
+DROP_ORPHANED = "orphaned"  # made by weights a killed learner trained past the checkpoint its successor resumed
+DROP_ALREADY_TRAINED = "already_trained"
+CIRCUMSTANTIAL_DROPS = frozenset({DROP_STALE, DROP_ORPHANED, DROP_ALREADY_TRAINED})
 
 
 # Bounds on what a client may claim. Every counter the buffer keeps is derived from these fields, so they
@@ -47,6 +56,9 @@ AgentName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 # A drop reason becomes a metric name (`buffer/learner_dropped/<reason>`): a short code, not free text.
 DropReason = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9_]{1,48}$")]
 WaitMs = Annotated[int, msgspec.Meta(ge=0, le=3_600_000)]
+# A group's place in the run's drawing order (`drmas.core.draws`); -1: a group outside it (no admission).
+Draw = Annotated[int, msgspec.Meta(ge=-1, lt=2**31)]
+PromptId = Annotated[str, msgspec.Meta(max_length=256)]  # the drawn problem's uid, for the learner's records
 FrozenRewards = Annotated[list[Finite], msgspec.Meta(max_length=_LIMIT)]
 # The byte size of every sample of a message, in order (see `drmas.buffer.framing` for how they are framed).
 SampleSizes = Annotated[list[Annotated[int, msgspec.Meta(ge=1, lt=2**31)]], msgspec.Meta(max_length=_LIMIT)]
@@ -82,6 +94,8 @@ class EpisodeMsg(_Message):
     # rewards of the episode's calls not sent (agents no learner trains): they count in the trajectory score
     # and in the group's pooled rewards as in the colocated loop, which trains on the same episodes
     frozen_rewards: FrozenRewards = []
+    draw: Draw = -1  # the draw the buffer granted for this group (every episode of the group carries it)
+    prompt: PromptId = ""
 
 
 class AdmitRequest(_Message):
@@ -104,13 +118,23 @@ class Pull(_Message):
     wait_ms: WaitMs = 0
 
 
+class Draws(msgspec.Struct, kw_only=True):
+    """A `drmas.core.draws.DrawSet` on the wire: every draw below `floor`, and `extra` above it."""
+
+    floor: Annotated[int, msgspec.Meta(ge=0, lt=2**31)] = 0
+    extra: Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=2**31)]], msgspec.Meta(max_length=_LIMIT)] = []
+
+
 class VersionUpdate(_Message):
     """A learner published `version` of `model`; admission and the stale-drop rule follow it.
 
     `incarnation` names the learner process: a new one (a restart, possibly from an older checkpoint) makes
     the buffer recount the model's staleness budget from what it still holds, since whatever the old process
     had pulled but not trained is gone. `finished` says the learner reached its last step: admission stops
-    waiting for it, and parts for its agents are no longer kept (nobody will pull them).
+    waiting for it, and parts for its agents are no longer kept (nobody will pull them). `trained`: the draws
+    each of its agents has trained (a resumed learner: those of its checkpoint); the buffer draws again what was
+    handed out and is neither trained nor on its way (`drmas.buffer.draws`). None: a learner outside the
+    drawing order (tests, tools).
     """
 
     seq: Seq
@@ -118,6 +142,7 @@ class VersionUpdate(_Message):
     version: Version
     incarnation: Name = ""
     finished: bool = False
+    trained: Optional[Annotated[dict[AgentName, Draws], msgspec.Meta(max_length=1024)]] = None  # agent -> its draws
 
 
 class DropReport(_Message):
@@ -167,10 +192,12 @@ class Acks(_Message):
 
 
 class AdmitReply(_Message):
-    """How many groups the producer may start now, and the model versions the grant was based on."""
+    """How many groups the producer may start now (`draws`: the draw of each), and the model versions the
+    grant was based on."""
 
     seq: int
     granted: int
+    draws: list[int] = []
     versions: dict[str, int] = {}
     instance: str = ""  # the answering buffer process (a new value means it restarted and lost state)
 
@@ -190,6 +217,10 @@ class AgentGroup(msgspec.Struct, kw_only=True):
     samples: list[Sample]
     episode_scores: dict[str, float]
     group_rewards: list[float] = []
+    draw: int = -1  # the group's draw number, and its problem's uid (see `EpisodeMsg`)
+    prompt: str = ""
+    # the agents with a part of the group (the others had nothing to train in it)
+    group_agents: Annotated[list[AgentName], msgspec.Meta(max_length=1024)] = []
 
 
 class GroupBatch(_Message):
@@ -224,6 +255,7 @@ class Stats(_Message):
     running_groups: int = 0  # admitted (leased) groups not complete yet
     granted_groups: int = 0
     expired_lease_groups: int = 0
+    draws: dict[str, int] = {}  # the drawing order's counters (`drmas.buffer.draws.DrawLedger.counters`)
     instance: str = ""  # the answering buffer process (a new value means it restarted and lost state)
 
 
@@ -245,6 +277,8 @@ class EpisodeHead(_Message, tag="EpisodeMsg"):
     episode_id: Name
     sample_sizes: SampleSizes
     frozen_rewards: FrozenRewards = []
+    draw: Draw = -1
+    prompt: PromptId = ""
 
 
 class GroupHead(msgspec.Struct, kw_only=True):
@@ -256,6 +290,9 @@ class GroupHead(msgspec.Struct, kw_only=True):
     sample_sizes: SampleSizes
     episode_scores: dict[str, float]
     group_rewards: list[float] = []
+    draw: int = -1
+    prompt: str = ""
+    group_agents: Annotated[list[AgentName], msgspec.Meta(max_length=1024)] = []
 
 
 class GroupBatchHead(_Message, tag="GroupBatch"):
@@ -350,8 +387,8 @@ def _version_error(version: int) -> MessageError:
     """Name both versions, and what changed, so whoever runs the older peer knows to upgrade it."""
     detail = f"message schema {version}, expected {MESSAGE_SCHEMA_VERSION}"
     if version < MESSAGE_SCHEMA_VERSION:
-        detail += (" (the peer runs an older drmas: schema 3 sends each sample in a ZeroMQ frame of its own and "
-                   "acknowledges episodes in batches)")
+        detail += (" (the peer runs an older drmas: schema 4 numbers every group by its draw, so a resume "
+                   "trains every prompt; schema 3 sent each sample in a ZeroMQ frame of its own)")
     return MessageError(REJECT_SCHEMA_VERSION, detail)
 
 

@@ -12,6 +12,10 @@ never complete.
 Delivery is at most once per agent group: groups leave the buffer when sent; a send to a learner that
 has disconnected fails (ROUTER_MANDATORY) and the groups go back to the head of their queues.
 
+The drawing order (`drmas.buffer.draws`): a grant hands out draw numbers, a group's episodes carry its draw
+(an episode of a draw this buffer did not lease to its producer, or of a draw already trained, is refused),
+and every way a group can be lost before training sends its draw back to be drawn again.
+
 Threading: the poll loop runs either in the caller (`serve_forever`, for a process; `stop()` from a
 signal handler ends it) or in a thread (`start`/`stop`, for tests and colocated use). `stats()` and
 `discard()` are safe from any thread.
@@ -24,12 +28,16 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Union
+from typing import Callable, Iterable, Mapping, Optional, Union
 
 from drmas.buffer.admission import AdmissionController
 from drmas.buffer.credit import CreditGate
+from drmas.buffer.draws import DrawLedger
 from drmas.buffer.framing import AgentGroupView, EpisodeView, FrameLike, GroupBatchView, validated_samples
 from drmas.buffer.messages import (
+    CIRCUMSTANTIAL_DROPS,
+    DROP_ALREADY_TRAINED,
+    DROP_STALE,
     REJECT_UNEXPECTED,
     Ack,
     Acks,
@@ -52,6 +60,7 @@ from drmas.buffer.store import (
     StoredSample,
 )
 from drmas.config.buffer import BufferConfig
+from drmas.core.draws import DrawSet
 from drmas.core.sample import Sample
 from drmas.runtime.netsec import CurveKeys
 
@@ -60,6 +69,8 @@ log = logging.getLogger(__name__)
 REJECT_UNKNOWN_AGENT = "unknown_agent"
 REJECT_MODEL_MISMATCH = "model_mismatch"
 REJECT_UNKNOWN_MODEL = "unknown_model"
+REJECT_NOT_ADMITTED = "not_admitted"  # a group of a draw this buffer did not lease to the producer
+REJECT_ALREADY_TRAINED = "already_trained"  # a group of a draw a learner has trained already
 DROP_MODEL_FINISHED = "model_finished"  # parts for a model whose learner finished: nobody will pull them
 OTHER_REASON = "other"
 _MAX_REPORTED_REASONS = 32  # distinct learner drop reasons kept apart; more are counted as OTHER_REASON
@@ -84,6 +95,9 @@ class TrajectoryBuffer(RouterServer):
         max_staleness: bound on version lag enforced at admission and at delivery (None: unbounded).
         curve: CURVE keys; default: read from the config's key files, or none.
         clock: monotonic time source (injectable for tests).
+        journal: called with every change of which draws are out (`DrawLedger`).
+        drawn_before: one past the highest draw an earlier buffer of the run handed out, and
+        given_up_before: the draws it gave up (both read from its journal, `buffer/draws.jsonl`).
     """
 
     def __init__(
@@ -95,6 +109,9 @@ class TrajectoryBuffer(RouterServer):
         max_staleness: Optional[int] = None,
         curve: Optional[CurveKeys] = None,
         clock: Callable[[], float] = time.monotonic,
+        journal: Optional[Callable[[dict], None]] = None,
+        drawn_before: int = 0,
+        given_up_before: Iterable[int] = (),
     ) -> None:
         config.validate("buffer")
         self._agent_models = dict(agent_models or {})
@@ -102,6 +119,7 @@ class TrajectoryBuffer(RouterServer):
         self._admission = AdmissionController(
             self._agent_models, groups_per_step or {}, max_staleness, config.max_running_groups, config.lease_timeout_s
         )
+        self._draws = DrawLedger(journal, drawn_before, given_up_before)
         self._reported_drops: Counter[str] = Counter()
         self._credit = CreditGate(config.capacity_samples, config.hard_capacity, config.window)
         self._producer_seen: dict[str, float] = {}  # producer id -> when it last sent anything
@@ -132,10 +150,11 @@ class TrajectoryBuffer(RouterServer):
             for group in groups:
                 self._admission.on_abandoned(group.leased)
             leases = self._admission.release_producer(producer)
+            self._draws.lost([g.draw for g in groups] + leases, f"producer {producer} went silent")
             if groups or leases:
                 log.warning("buffer: producer %s silent for %.0f s: dropped %d unfinished groups (%d samples), "
                             "released %d admitted groups", producer, timeout, len(groups),
-                            sum(g.n_samples for g in groups), leases)
+                            sum(g.n_samples for g in groups), len(leases))
 
     def _handle_producer(self, identity: bytes, message: object) -> None:
         producer = getattr(message, "producer", None)
@@ -146,8 +165,10 @@ class TrajectoryBuffer(RouterServer):
         if isinstance(message, EpisodeView):
             self._on_episode(identity, message)
         elif isinstance(message, AdmitRequest):
-            granted = self._admission.grant(message.producer, message.n_groups, self._clock())
-            reply = AdmitReply(seq=message.seq, granted=granted, versions=dict(self._admission.versions))
+            draws = self._draws.issue(self._admission.wanted(message.n_groups))
+            self._admission.lease(message.producer, draws, self._clock())
+            reply = AdmitReply(seq=message.seq, granted=len(draws), draws=draws,
+                               versions=dict(self._admission.versions))
             self._send(self._producers, identity, reply)
         elif isinstance(message, StatsRequest):
             self._send(self._producers, identity, self._snapshot(message.seq))
@@ -156,9 +177,10 @@ class TrajectoryBuffer(RouterServer):
 
     def _on_episode(self, identity: bytes, episode: EpisodeView) -> None:
         try:
+            opens_group = not self._store.is_pending(episode.group_id)
+            self._check_draw(episode, opens_group)
             pairs = validated_samples(episode, self.config.validate_samples, self.config.max_sample_tokens)
             samples = [self._stored(sample, frame) for sample, frame in pairs]
-            opens_group = not self._store.is_pending(episode.group_id)
             ack_now = self._credit.check(identity, self._store.held_samples, len(samples), opens_group)
         except MessageError:
             self._abandon_group(episode)
@@ -166,10 +188,11 @@ class TrajectoryBuffer(RouterServer):
         rewards = [sample.reward for sample, _ in pairs] + list(episode.frozen_rewards)  # every call's reward
         completed = self._store.add_episode(
             episode.producer, episode.group_id, episode.group_size, episode.episode_id, samples, rewards,
-            self._clock(), claim_lease=lambda: self._admission.claim(episode.producer),
+            self._clock(), claim_lease=lambda: self._claim(episode), draw=episode.draw, prompt=episode.prompt,
         )
         if completed is not None:
-            self._admission.on_complete(completed.models, completed.leased)
+            self._admission.on_complete(completed.models, completed.leased, completed.group_id, completed.parts)
+            self._draws.completed(completed.draw, completed.agents)
             for model in completed.models & self._admission.finished:
                 self._discard_model(model)
             self._new_groups = True
@@ -182,15 +205,45 @@ class TrajectoryBuffer(RouterServer):
         else:
             self._credit.park(identity, episode.seq, len(samples))
 
+    def _check_draw(self, episode: EpisodeView, opens_group: bool) -> None:
+        """Refuse an episode of a draw already trained, or one opening a group of a draw this buffer did not
+        lease to its producer (a grant of a buffer that restarted, or of a lease given up on): it would
+        train a prompt twice."""
+        draw = episode.draw
+        if draw < 0:
+            return
+        if self._draws.is_settled(draw):
+            raise MessageError(REJECT_ALREADY_TRAINED, f"draw {draw} is trained already")
+        if opens_group and not self._store.is_closed(episode.group_id) and \
+                not self._admission.holds(episode.producer, draw):
+            raise MessageError(REJECT_NOT_ADMITTED, f"draw {draw} is not leased to {episode.producer} by this "
+                                                    f"buffer (instance {self.instance})")
+
+    def _claim(self, episode: EpisodeView) -> bool:
+        """The episode opens its group: move its lease unit onto it (see `AdmissionController.claim`)."""
+        draw = self._admission.claim(episode.producer, episode.draw)
+        if draw is None:
+            return False
+        if episode.draw < 0:
+            self._draws.unnumbered(draw)
+        else:
+            self._draws.opened(draw, episode.group_id)
+        return True
+
     def _abandon_group(self, episode: EpisodeView) -> None:
         """An episode was refused: its group can never complete, so drop what arrived of it (counted), refuse
-        the rest of it, and give its admission slot back now rather than after the incomplete timeout."""
+        the rest of it, and give its admission slot (and its draw) back now rather than after the incomplete
+        timeout."""
         known = self._store.is_pending(episode.group_id) or self._store.is_closed(episode.group_id)
         group = self._store.abandon_group(episode.group_id, DROP_REFUSED_EPISODE)
         if group is not None:
             self._admission.on_abandoned(group.leased)
+            self._draws.lost([group.draw], f"an episode of group {group.group_id} was refused", fault=True)
         elif not known:  # the refused episode would have opened the group: return the unit leased for it
-            self._admission.on_abandoned(self._admission.claim(episode.producer))
+            draw = self._admission.claim(episode.producer, episode.draw)
+            self._admission.on_abandoned(draw is not None)
+            if draw is not None:
+                self._draws.lost([draw], f"an episode of group {episode.group_id} was refused", fault=True)
 
     def _stored(self, sample: Union[Sample, SampleHeader], frame: FrameLike) -> StoredSample:
         """Check a sample against the agent -> model map and keep its routing fields."""
@@ -232,12 +285,15 @@ class TrajectoryBuffer(RouterServer):
         taken, dropped = self._store.take(pull.agents, pull.max_groups, self._stale_reason)
         for group in dropped:
             self._admission.on_dropped(group.group_id, group.model)
+            self._draws.part_dropped(group.draw, group.agent, DROP_STALE)
         if not taken and not (allow_empty or pull.wait_ms == 0):
             return False
         batch = GroupBatchView(seq=pull.seq, groups=[self._view(g) for g in taken],
                                checked=self.config.validate_samples)
         if self._send(self._consumers, identity, batch):
             self._store.mark_delivered(taken)
+            for group in taken:
+                self._draws.delivered(group.draw, group.agent, group.model)
             return True
         self._store.requeue(taken)  # the learner went away: keep its groups for the next one
         self._new_groups = self._new_groups or bool(taken)
@@ -255,6 +311,9 @@ class TrajectoryBuffer(RouterServer):
             samples=group.samples,
             episode_scores=group.episode_scores,
             group_rewards=group.group_rewards,
+            draw=group.draw,
+            prompt=group.prompt,
+            group_agents=list(group.group_agents),
         )
 
     def _on_version(self, update: VersionUpdate) -> None:
@@ -264,6 +323,10 @@ class TrajectoryBuffer(RouterServer):
                                           self._store.queued_groups(model)):
             log.info("buffer: learner %s of %s reports version %d (was %s): its budget is recounted",
                      update.incarnation, model, update.version, before)
+        if update.trained is not None:
+            self._draws.report(model, update.incarnation, {  # only this model's agents: another's would be a lie
+                agent: DrawSet(draws.floor, draws.extra) for agent, draws in update.trained.items()
+                if self._agent_models.get(agent) == model})
         if update.finished:
             log.info("buffer: the learner of %s finished at version %d: its parts are no longer kept", model,
                      update.version)
@@ -272,7 +335,8 @@ class TrajectoryBuffer(RouterServer):
     def _discard_model(self, model: str) -> None:
         """Drop the queued parts of a finished model (counted): held, they would fill the buffer for good."""
         for agent in self._store.agents_of(model):
-            self._store.discard(agent, lambda group: group.model == model, DROP_MODEL_FINISHED)
+            for group in self._store.discard(agent, lambda group: group.model == model, DROP_MODEL_FINISHED):
+                self._draws.part_dropped(group.draw, group.agent, DROP_MODEL_FINISHED, needed=False)
 
     def _on_drop_report(self, report: DropReport) -> None:
         """Learner-side drops were already delivered: count them apart and give their budget back."""
@@ -283,7 +347,11 @@ class TrajectoryBuffer(RouterServer):
         model = self._agent_models.get(report.agent)
         if model is not None:
             for group_id in report.group_ids:
-                self._admission.on_dropped(group_id, model)
+                self._admission.on_dropped(group_id, model, whole=report.reason == DROP_ALREADY_TRAINED)
+                draw = self._draws.group_draw(group_id)
+                if draw is not None:
+                    self._draws.part_dropped(draw, report.agent, f"its learner dropped it ({report.reason})", model,
+                                             delivered=True, fault=report.reason not in CIRCUMSTANTIAL_DROPS)
 
     # ---- timers and parked requests ---------------------------------------------------------------
 
@@ -292,7 +360,8 @@ class TrajectoryBuffer(RouterServer):
             log.warning("buffer: discarded incomplete group %s of %s (%d samples)", group.group_id, group.producer,
                         group.n_samples)
             self._admission.on_abandoned(group.leased)
-        self._admission.expire(now)
+            self._draws.lost([group.draw], f"group {group.group_id} stayed incomplete")
+        self._draws.lost(self._admission.expire(now), "their leases expired unclaimed")
         self._release_silent_producers(now)
         self._serve_parked_pulls(now)
         for identity, seq in self._credit.release(self._store.held_samples):
@@ -333,13 +402,14 @@ class TrajectoryBuffer(RouterServer):
             dropped = self._store.discard(agent, predicate, reason)
             for group in dropped:
                 self._admission.on_dropped(group.group_id, group.model)
+                self._draws.part_dropped(group.draw, group.agent, reason)
             return len(dropped)
 
     def discard_stale(self) -> int:
         """Apply the staleness rule to every queue now rather than at delivery; returns groups dropped."""
         with self._lock:
             agents = list(self._store.depth())
-        return sum(self.discard(agent, lambda g: self._stale_reason(g) is not None, "stale") for agent in agents)
+        return sum(self.discard(agent, lambda g: self._stale_reason(g) is not None, DROP_STALE) for agent in agents)
 
     def stats(self) -> Stats:
         """A consistent snapshot of the counters (the same as a `StatsRequest` returns)."""
@@ -370,4 +440,5 @@ class TrajectoryBuffer(RouterServer):
             running_groups=admission.running,
             granted_groups=admission.granted_total,
             expired_lease_groups=admission.expired_total,
+            draws=self._draws.counters(),
         )

@@ -22,6 +22,7 @@ REFUSE_DUPLICATE = "duplicate_episode"
 REFUSE_SIZE_MISMATCH = "group_size_mismatch"
 REFUSE_LATE = "late_episode"
 REFUSE_DISCARDED = "group_discarded"
+REFUSE_DRAW_MISMATCH = "draw_mismatch"
 DROP_INCOMPLETE = "incomplete_group"
 DROP_PRODUCER_GONE = "producer_gone"
 DROP_REFUSED_EPISODE = "refused_episode"  # a group one of whose episodes was refused can never complete
@@ -59,6 +60,9 @@ class QueuedGroup:
     group_rewards: list[float]  # every call's reward in the group, frozen agents' too; shared by all parts
     oldest_version: int  # policy version of the oldest sample: what staleness is judged on
     order: int  # completion order across all agents, for oldest-first delivery
+    draw: int = -1  # the group's draw number (`drmas.buffer.draws`), -1 outside the drawing order
+    prompt: str = ""
+    group_agents: tuple[str, ...] = ()  # the agents with a part of the group
 
     @property
     def n_samples(self) -> int:
@@ -73,6 +77,9 @@ class CompletedGroup:
     producer: str
     leased: bool
     models: frozenset[str]
+    draw: int = -1
+    agents: frozenset[str] = frozenset()  # the agents with a part of the group
+    parts: dict[str, int] = field(default_factory=dict)  # model -> its agents' parts of the group
 
 
 @dataclass
@@ -83,6 +90,7 @@ class AbandonedGroup:
     producer: str
     leased: bool
     n_samples: int
+    draw: int = -1
 
 
 @dataclass
@@ -92,6 +100,8 @@ class _PendingGroup:
     producer: str
     leased: bool
     last_activity: float
+    draw: int = -1
+    prompt: str = ""
     episodes: dict[str, list[StoredSample]] = field(default_factory=dict)
     scores: dict[str, float] = field(default_factory=dict)
     rewards: dict[str, list[float]] = field(default_factory=dict)  # episode -> every call's reward
@@ -163,6 +173,8 @@ class GroupStore:
         rewards: Sequence[float],
         now: float,
         claim_lease: Callable[[], bool],
+        draw: int = -1,
+        prompt: str = "",
     ) -> Optional[CompletedGroup]:
         """Add one episode; returns the completed group when this episode was its last one.
 
@@ -170,15 +182,17 @@ class GroupStore:
         mean is the episode's trajectory score.
 
         `claim_lease` is called only when the episode opens a new group, so the admission bookkeeping
-        can tie one admitted unit to it; it is not called for refused episodes.
+        can tie one admitted unit to it; it is not called for refused episodes. `draw` (and `prompt`, its
+        problem's uid) come with every episode of a group and must agree.
         """
         group = self._pending.get(group_id)
         if group is None:
             self._refuse_closed(group_id)
-            group = _PendingGroup(group_id, group_size, producer, leased=claim_lease(), last_activity=now)
+            group = _PendingGroup(group_id, group_size, producer, leased=claim_lease(), last_activity=now,
+                                  draw=draw, prompt=prompt)
             self._pending[group_id] = group
         else:
-            self._refuse_misfit(group, group_size, episode_id)
+            self._refuse_misfit(group, group_size, episode_id, draw)
         group.episodes[episode_id] = list(samples)
         group.scores[episode_id] = sum(rewards) / len(rewards)
         group.rewards[episode_id] = list(rewards)
@@ -200,13 +214,16 @@ class GroupStore:
             raise EpisodeRefused(REFUSE_DISCARDED, f"group {group_id} was discarded ({closed})")
 
     @staticmethod
-    def _refuse_misfit(group: _PendingGroup, group_size: int, episode_id: str) -> None:
+    def _refuse_misfit(group: _PendingGroup, group_size: int, episode_id: str, draw: int) -> None:
         if episode_id in group.episodes:
             raise EpisodeRefused(REFUSE_DUPLICATE, f"episode {episode_id} already in group {group.group_id}")
         if group_size != group.group_size:
             raise EpisodeRefused(
                 REFUSE_SIZE_MISMATCH, f"group {group.group_id} has size {group.group_size}, episode says {group_size}"
             )
+        if draw != group.draw:
+            raise EpisodeRefused(REFUSE_DRAW_MISMATCH, f"group {group.group_id} is draw {group.draw}, episode "
+                                                       f"{episode_id} says {draw}")
 
     def _complete(self, group: _PendingGroup) -> CompletedGroup:
         """Split a complete group by agent and queue each part (episode order, then call order)."""
@@ -228,10 +245,14 @@ class GroupStore:
                 group_rewards=group_rewards,
                 oldest_version=min(s.policy_version for s in samples),
                 order=self._order,
+                draw=group.draw,
+                prompt=group.prompt,
+                group_agents=tuple(sorted(by_agent)),
             )
             self._queues.setdefault(agent, deque()).append(part)
-        models = frozenset(s.model for samples in by_agent.values() for s in samples)
-        return CompletedGroup(group.group_id, group.producer, group.leased, models)
+        parts = Counter(samples[0].model for samples in by_agent.values())
+        return CompletedGroup(group.group_id, group.producer, group.leased, frozenset(parts), group.draw,
+                              frozenset(by_agent), dict(parts))
 
     # ---- departure --------------------------------------------------------------------------------
 
@@ -319,7 +340,7 @@ class GroupStore:
         self._closed.close(group.group_id, reason)
         self.held_samples -= group.n_samples
         self.ledger.record(reason, group.n_samples)
-        return AbandonedGroup(group.group_id, group.producer, group.leased, group.n_samples)
+        return AbandonedGroup(group.group_id, group.producer, group.leased, group.n_samples, group.draw)
 
     # ---- views ------------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ the help of every knob in the same place.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import field
 from typing import Any
 
@@ -33,6 +34,17 @@ class Section:
 
     def problems(self, where: str) -> list[str]:
         return []
+
+    def all_problems(self, where: str) -> list[str]:
+        """`problems(where)` and those of every section nested in this one (a field holding a `Section`, e.g. a
+        plugin system's `sandbox: SandboxConfig`), each under its own key (``system.sandbox.timeout_s``), so a
+        settings class that embeds a section need not forward its checks."""
+        found = list(self.problems(where))
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if isinstance(value, Section):
+                found.extend(value.all_problems(f"{where}.{f.name}"))
+        return found
 
     def validate(self, where: str) -> None:
         """ValueError listing every problem, when there are any."""

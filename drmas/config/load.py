@@ -284,9 +284,15 @@ def _section_help(section: str) -> list[tuple[str, str, str]]:
     name = dataclasses.fields(registry.base)[0]
     rows = [(f"{section}.name", repr(getattr(DrmasConfig(), section).name), name.metadata.get("help", ""))]
     for registered in registry.names():
-        for f in dataclasses.fields(registry.of(registered)):
-            if f.name != "name":
-                rows.append((f"{section}.{f.name}", _default(f), f"[{registered}] {f.metadata.get('help', '')}"))
+        cls = registry.of(registered)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name == "name":
+                continue
+            nested = _dataclass_of(hints[f.name])  # a section embedded in the settings (a plugin's system.sandbox)
+            own = iter_help(nested, f"{section}.{f.name}.") if nested else [(f"{section}.{f.name}", _default(f),
+                                                                              f.metadata.get("help", ""))]
+            rows.extend((key, default, f"[{registered}] {text}") for key, default, text in own)
     return rows
 
 

@@ -33,6 +33,8 @@ NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 PIPELINE_MODES = ("colocated", "async")
 HEAP_MMAP_THRESHOLD_MAX_KB = 32 * 1024  # models.<id>.heap_mmap_threshold_kb: glibc refuses above 32 MiB on 64-bit
+PRIME_SYSTEMS = ("math", "search", "code")  # models.<id>.tiny.prime_system (drmas/models/priming.py FORMATS)
+ADAPTER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # models.<id>.adapters keys (peft module keys, vLLM names)
 
 
 @dataclass
@@ -61,8 +63,29 @@ class TinyModelConfig:
         0, "Train the random model this many steps on the agents' output formats with random numbers (not on "
         "answers), so its rewards vary and gradients flow in tests; 0 = pure random."
     )
-    prime_system: str = _f("math", "Whose output formats priming teaches: 'math' (boxed answers, approve/reject) "
-                           "or 'search' (yes/no routing, <search> queries, <answer> tags).")
+    prime_system: str = _f("math", "Whose output formats priming teaches: 'math' (boxed answers, approve/reject), "
+                           "'search' (yes/no routing, <search> queries, <answer> tags) or 'code' (a Python function "
+                           "in a ```python block, assert statements: examples/code_review).")
+
+
+@dataclass
+class AdapterConfig:
+    """One LoRA adapter of a base model: an agent naming `<model>/<adapter>` is served and trained by it."""
+
+    rank: int = _f(16, "LoRA rank r (vLLM serves ranks up to 512).")
+    alpha: float = _f(32.0, "LoRA alpha: the adapter's output is scaled by alpha / rank.")
+    dropout: float = _f(
+        0.0, "LoRA dropout on the adapter's input while training (0: none). Above 0 the learner's log-probs of a "
+        "step are no longer those the engine sampled with (the engine applies no dropout): keep it 0 for on-policy "
+        "updates.")
+    target_modules: list[str] = _f(
+        ["q_proj", "k_proj", "v_proj", "o_proj"],
+        "Names of the base's linear layers the adapter is added to (peft's target_modules: a name matches every "
+        "module whose name ends with it). The default, the attention projections, fits Qwen2/Llama/SmolLM2 models; "
+        "add gate_proj, up_proj, down_proj for the MLPs (more bytes per push).")
+    optim: Optional[OptimConfig] = _f(
+        None, "This adapter's own optimizer (null: the model's `optim`). Set, it replaces the model's section "
+        "whole: fields left out take OptimConfig's defaults, not the model's values.")
 
 
 @dataclass
@@ -107,27 +130,41 @@ class ModelConfig:
         "checkpoint write) before giving up, so a dead or hung rank ends the learner with a message instead of "
         "stalling it. Raise it for very large models whose checkpoint writes take longer; the other ranks' wait "
         "for rank 0's next batch is kept alive separately.")
-    trainable: bool = _f(True, "Train this model (false: serve it frozen).")
+    trainable: bool = _f(True, "Train this model (false: serve it frozen). With adapters: train its adapters "
+                         "(the base itself is always frozen).")
+    optim: OptimConfig = _f(OptimConfig, "Optimizer of this model (with adapters: of each adapter that sets none).")
+    adapters: dict[str, AdapterConfig] = _f(
+        dict, "LoRA adapters of this model, by name (letters, digits, '_', starting with a letter): each agent "
+        "naming `<model>/<adapter>` (agents.<name>.model) is served by the base plus that adapter, and only the "
+        "adapter is trained (peft), with a learner, version, weight push and checkpoint of its own; every engine "
+        "holds the base once and serves all its adapters. With adapters the base is frozen, held in the compute "
+        "dtype (default: bfloat16 on CUDA, float32 on CPU), and agents cannot name the bare model. See docs/lora.md.")
+    export_merged: bool = _f(
+        False, "With adapters: every checkpoint also holds each adapter merged into the base, as a plain Hugging "
+        "Face directory (<adapter>/merged/) that transformers and vLLM load without peft; a full model's disk per "
+        "adapter and checkpoint.")
     activation_checkpointing: bool = _f(
         True, "Learner: recompute each decoder layer's activations (and the log-softmax of each chunk of "
         "positions) in the backward pass instead of keeping them from the forward (PyTorch activation "
-        "checkpointing). Keeps the learner's memory near its weights, gradients and AdamW state (SmolLM2-135M, 8 samples of 280 tokens: 4 GB of activations per micro-batch "
-        "without it) for about one more forward pass per micro-batch. false: faster where memory is plentiful.")
+        "checkpointing). Keeps the learner's memory near its weights, gradients and AdamW state (SmolLM2-135M, "
+        "8 samples of 280 tokens: 4 GB of activations per micro-batch without it) for about one more forward "
+        "pass per micro-batch. false: faster where memory is plentiful. Not applied to adapters' learners.")
     heap_mmap_threshold_kb: int = _f(
         1024, "Learner process (glibc): memory blocks of at least this many KiB get a mapping of their own, returned "
         "to the system when freed, so the process's resident memory follows its live tensors (glibc's default "
         "keeps freed training tensors in its heap: SmolLM2-135M's learner peaked 1.3-2.3 GB higher, see "
         "docs/memory.md). Costs page faults, about a quarter more CPU per update on CPU. 0: glibc's default. "
         "At most 32768; the MALLOC_MMAP_THRESHOLD_ environment variable, when set, wins.")
-    optim: OptimConfig = _f(OptimConfig, "Optimizer of this model.")
 
 
 @dataclass
 class AgentConfig:
     role: str = _f("", "Role implemented by this agent within the system (e.g. solver, verifier).")
     model: str = _f(
-        "", "Id of the model (a key of `models`) that serves and trains this agent. Left empty for an agent whose "
-        "role is scripted (its turns are computed by code: no model, no samples; see docs/extending.md).")
+        "", "Id of the model (a key of `models`) that serves and trains this agent, or `<model>/<adapter>` for one "
+        "of a model's LoRA adapters (models.<model>.adapters). Agents naming the same id share its weights. Left "
+        "empty for an agent whose role is scripted (its turns are computed by code: no model, no samples; see "
+        "docs/extending.md).")
     temperature: Optional[float] = _f(None, "Sampling temperature (default: rollout.temperature).")
     top_p: Optional[float] = _f(None, "Nucleus sampling top_p (default: rollout.top_p).")
     max_new_tokens: Optional[int] = _f(None, "Response length cap (default: rollout.max_new_tokens).")
@@ -204,6 +241,14 @@ class EvalConfig:
     max_questions: int = _f(0, "`drmas eval`: questions per benchmark (0: all).")
     benchmarks: dict[str, str] = _f(
         dict, "`drmas eval`: benchmark name -> problems file in the task's format (empty: the task's held-out split)."
+    )
+    interval: int = _f(
+        0,
+        "Evaluate the trained models every N versions during training (0: off): avg@k / pass@k of every "
+        "benchmark and the per-agent statistics, with the `drmas eval` settings (k, k_temperature, k_top_p, "
+        "benchmarks, max_questions; each evaluation runs questions x k episodes), to TensorBoard as eval/... at "
+        "the version measured and to evals.jsonl. Colocated: between steps; async: rollout 0 runs them beside "
+        "its training groups (see docs/outputs.md).",
     )
     resume: bool = _f(
         False,
@@ -284,19 +329,23 @@ class PipelineConfig:
         "Address of the learners' weight-sync endpoints: each learner binds it, rollouts connect to it. Use the "
         "learner machine's address across machines (learner_hosts overrides it per model).",
     )
-    learner_hosts: dict[str, str] = _f(dict, "Model id -> weight-sync address of that model's learner.")
+    learner_hosts: dict[str, str] = _f(dict, "Model id -> weight-sync address of that model's learner (a model with "
+                                       "adapters: of all its adapters' learners; <model>/<adapter>: of one).")
     learner_base_port: int = _f(
         0,
-        "Weight-sync control port of the first trained model (in the order of `models`), +1 for the next, ... "
+        "Weight-sync control port of the first trained model (in the order of `models`, a model with adapters "
+        "counting once per adapter), +1 for the next, ... "
         "0: `drmas run` picks free ports (so runs on one machine never collide); processes started by hand need "
         "real ones (e.g. 5610), the same in every process's config.",
     )
-    learner_ports: dict[str, int] = _f(dict, "Model id -> weight-sync control port, overriding learner_base_port.")
+    learner_ports: dict[str, int] = _f(dict, "Model id (<model>/<adapter> for an adapter's learner) -> weight-sync "
+                                       "control port, overriding learner_base_port.")
 
 
 @dataclass
 class DrmasConfig:
-    models: dict[str, ModelConfig] = _f(dict, "Model id -> model. Agents with the same model id share weights.")
+    models: dict[str, ModelConfig] = _f(dict, "Model id -> model. Agents with the same model id share weights. Ids "
+                                        "may not contain '/' (it separates a model from its adapter).")
     agents: dict[str, AgentConfig] = _f(dict, "Agent name -> agent (role, model id, sampling overrides).")
     plugins: list[str] = _f(
         [], "Modules to import before the config is read, so the orchestras, role agents, tasks, engines and "

@@ -9,10 +9,11 @@ components are built (`drmas.assembly.check_components`), still before any proce
 
 from __future__ import annotations
 
-from drmas.config.derived import trained_models
+from drmas.config.derived import ADAPTER_SEP, model_config, model_ids, split_model, trained_models
 from drmas.config.errors import ConfigError
 from drmas.config.gpus import check_plan
 from drmas.config.schema import (
+    ADAPTER_NAME,
     AGGREGATIONS,
     BUILTIN_MODELS,
     DEVICE_SPEC,
@@ -20,7 +21,10 @@ from drmas.config.schema import (
     HEAP_MMAP_THRESHOLD_MAX_KB,
     NORMALIZATIONS,
     PIPELINE_MODES,
+    PRIME_SYSTEMS,
     DrmasConfig,
+    ModelConfig,
+    OptimConfig,
 )
 
 
@@ -33,8 +37,8 @@ def validate_config(cfg: DrmasConfig) -> None:
     _check_rollout_and_trainer(cfg, errors)
     _check_pipeline(cfg, errors)
     _check_retrieval(cfg, errors)
-    errors.extend(cfg.system.problems("system"))  # the chosen system's and task's own settings
-    errors.extend(cfg.task.problems("task"))
+    errors.extend(cfg.system.all_problems("system"))  # the chosen system's and task's own settings, and the
+    errors.extend(cfg.task.all_problems("task"))  # sections nested in them (a plugin's `system.sandbox`)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -44,6 +48,9 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append("models: at least one model is required")
     for mid, m in cfg.models.items():
         where = f"models.{mid}"
+        if ADAPTER_SEP in mid:
+            errors.append(f"{where}: a model id may not contain {ADAPTER_SEP!r} (agents name an adapter as "
+                          f"<model>{ADAPTER_SEP}<adapter>)")
         if m.path is None and m.builtin is None:  # both set is fine: `path` wins (overriding a shipped builtin)
             errors.append(f"{where}: set 'path' (a local model directory or a model id in the local HF cache) "
                           "or 'builtin'")
@@ -71,14 +78,45 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
         elif m.ranks > 1 and DEVICE_SPEC.match(m.device) and ":" in m.device:
             errors.append(f"{where}.ranks={m.ranks}: device {m.device} names one GPU; N ranks take the first N "
                           "visible ones (device cuda or auto)")
-        if m.optim.lr < 0:
-            errors.append(f"{where}.optim.lr: must be >= 0, got {m.optim.lr}")
-        if m.optim.warmup_steps < 0:
-            errors.append(f"{where}.optim.warmup_steps: must be >= 0, got {m.optim.warmup_steps}")
+        _check_optim(f"{where}.optim", m.optim, errors)
+        _check_adapters(cfg, where, m, errors)
         if m.tiny.hidden_size % max(m.tiny.num_heads, 1) or m.tiny.hidden_size // max(m.tiny.num_heads, 1) < 32:
             errors.append(f"{where}.tiny: hidden_size / num_heads must be an integer >= 32")
-        if m.tiny.prime_system not in ("math", "search"):
-            errors.append(f"{where}.tiny.prime_system: {m.tiny.prime_system!r} is not one of math, search")
+        if m.tiny.prime_system not in PRIME_SYSTEMS:
+            errors.append(f"{where}.tiny.prime_system: {m.tiny.prime_system!r} is not one of {', '.join(PRIME_SYSTEMS)}")
+
+
+def _check_optim(where: str, optim: OptimConfig, errors: list[str]) -> None:
+    if optim.lr < 0:
+        errors.append(f"{where}.lr: must be >= 0, got {optim.lr}")
+    if optim.warmup_steps < 0:
+        errors.append(f"{where}.warmup_steps: must be >= 0, got {optim.warmup_steps}")
+
+
+def _check_adapters(cfg: DrmasConfig, where: str, m: ModelConfig, errors: list[str]) -> None:
+    """The LoRA adapters of one model (docs/lora.md)."""
+    if not m.adapters:
+        if m.export_merged:
+            errors.append(f"{where}.export_merged: merges adapters into the model, and it has none "
+                          f"({where}.adapters)")
+        return
+    if m.ranks > 1:
+        errors.append(f"{where}.ranks={m.ranks}: a model with adapters trains each adapter in one learner process "
+                      "(its learner holds the frozen base and one adapter); set ranks 1")
+    for name, a in m.adapters.items():
+        key = f"{where}.adapters.{name}"
+        if not ADAPTER_NAME.match(name):
+            errors.append(f"{key}: adapter names are letters, digits and '_', starting with a letter")
+        if a.rank < 1:
+            errors.append(f"{key}.rank: must be >= 1, got {a.rank}")
+        if not a.alpha > 0:
+            errors.append(f"{key}.alpha: must be > 0, got {a.alpha}")
+        if not 0 <= a.dropout < 1:
+            errors.append(f"{key}.dropout: must be in [0, 1), got {a.dropout}")
+        if not a.target_modules or not all(isinstance(t, str) and t.strip() for t in a.target_modules):
+            errors.append(f"{key}.target_modules: a non-empty list of module names, got {a.target_modules!r}")
+        if a.optim is not None:
+            _check_optim(f"{key}.optim", a.optim, errors)
 
 
 def _check_agents(cfg: DrmasConfig, errors: list[str]) -> None:
@@ -86,8 +124,8 @@ def _check_agents(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append("agents: at least one agent is required")
     for name, a in cfg.agents.items():
         where = f"agents.{name}"
-        if a.model and a.model not in cfg.models:  # none at all: a scripted role's agent (drmas.assembly checks)
-            errors.append(f"{where}.model: {a.model!r} is not a key of 'models' ({', '.join(cfg.models) or 'none'})")
+        if a.model:  # none at all: a scripted role's agent (drmas.assembly checks)
+            _check_model_ref(cfg, f"{where}.model", a.model, errors)
         if not a.role:
             errors.append(f"{where}.role: required")
         if a.temperature is not None and a.temperature < 0:
@@ -102,6 +140,21 @@ def _check_agents(cfg: DrmasConfig, errors: list[str]) -> None:
     for role in set(roles):
         if roles.count(role) > 1:
             errors.append(f"agents: role {role!r} is played by more than one agent")
+
+
+def _check_model_ref(cfg: DrmasConfig, key: str, model_id: str, errors: list[str]) -> None:
+    """An agent's model: a key of `models`, or `<model>/<adapter>` of one of its adapters."""
+    base, adapter = split_model(model_id)
+    if base not in cfg.models:
+        errors.append(f"{key}: {base!r} is not a key of 'models' ({', '.join(cfg.models) or 'none'})")
+        return
+    adapters = cfg.models[base].adapters
+    if adapter is None and adapters:
+        errors.append(f"{key}: models.{base} has adapters, and its base is frozen: name one of them "
+                      f"({', '.join(f'{base}{ADAPTER_SEP}{a}' for a in adapters)})")
+    elif adapter is not None and adapter not in adapters:
+        errors.append(f"{key}: {adapter!r} is not an adapter of models.{base} (models.{base}.adapters: "
+                      f"{', '.join(adapters) or 'none'})")
 
 
 def _check_algorithm(cfg: DrmasConfig, errors: list[str]) -> None:
@@ -157,7 +210,7 @@ def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append(f"pipeline.launcher={p.launcher}: launchers start the async pipeline's processes; set "
                       f"pipeline.mode=async (got {p.mode!r})")
     errors.extend(p.ray.problems("pipeline.ray"))
-    trained = {m: cfg.models[m] for m in trained_models(cfg)}
+    trained = {m: model_config(cfg, m) for m in trained_models(cfg)}
     errors.extend(check_plan(p.gpus, {m: c.ranks for m, c in trained.items()},
                              {m: c.device for m, c in trained.items()}, p.launcher))
     for key, low in (("max_staleness", 0), ("num_rollouts", 1), ("groups_in_flight", 0)):
@@ -168,15 +221,19 @@ def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
     errors.extend(p.buffer.problems("pipeline.buffer"))
     errors.extend(p.weights.problems("pipeline.weights"))
     errors.extend(p.restarts.problems("pipeline.restarts"))
-    for section in ("learner_ports", "learner_hosts"):
-        for model in getattr(p, section):
-            if model not in cfg.models:
-                errors.append(f"pipeline.{section}.{model}: not a key of 'models' ({', '.join(cfg.models)})")
+    ids = model_ids(cfg)
+    for model in p.learner_ports:
+        if model not in ids:
+            errors.append(f"pipeline.learner_ports.{model}: not a model id ({', '.join(ids)}; a model with adapters "
+                          "has a learner per adapter: <model>/<adapter>)")
+    for model in p.learner_hosts:  # a model with adapters: the host of all its adapters' learners
+        if model not in ids and model not in cfg.models:
+            errors.append(f"pipeline.learner_hosts.{model}: not a model id ({', '.join(ids)})")
     for model, port in p.learner_ports.items():
         if not 0 <= port <= 65535:
             errors.append(f"pipeline.learner_ports.{model}: {port} is not a TCP port (0 = assigned by `drmas run`)")
-    if not 0 <= p.learner_base_port <= 65535 - len(cfg.models):
-        errors.append(f"pipeline.learner_base_port: {p.learner_base_port} leaves no room for {len(cfg.models)} ports")
+    if not 0 <= p.learner_base_port <= 65535 - len(ids):
+        errors.append(f"pipeline.learner_base_port: {p.learner_base_port} leaves no room for {len(ids)} ports")
 
 
 def _check_retrieval(cfg: DrmasConfig, errors: list[str]) -> None:
@@ -190,3 +247,5 @@ def _check_retrieval(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append(f"eval.k_top_p: must be in (0, 1], got {e.k_top_p}")
     if e.k_temperature < 0:
         errors.append(f"eval.k_temperature: must be >= 0, got {e.k_temperature}")
+    if e.interval < 0:
+        errors.append(f"eval.interval: must be >= 0 (0: no evaluation during training), got {e.interval}")

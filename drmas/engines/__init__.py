@@ -25,6 +25,7 @@ def _vllm_engine(*args, **kwargs):
 # package of its own ((module, how to install it): checked where it will run, before anything starts).
 _vllm_engine.takes_engine_args = True  # type: ignore[attr-defined]
 _vllm_engine.truncates_top_p = True  # type: ignore[attr-defined]
+_vllm_engine.serves_adapters = True  # type: ignore[attr-defined]  (LoRA adapters: `adapters=` of the factory)
 _vllm_engine.needs = ("vllm", VLLM_INSTALL)  # type: ignore[attr-defined]
 
 __all__ = ["ENGINES", "Engine", "Generation", "SamplingParams"]

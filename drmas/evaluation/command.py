@@ -82,8 +82,7 @@ def prepare(cfg: DrmasConfig, checkpoint: Optional[Path], version: Optional[int]
     task = assembly.build_task(cfg)
     benchmarks = load_benchmarks(cfg, task)
     orchestra = assembly.build_orchestra(cfg, task)
-    engines = {model_id: assembly.build_engine(cfg, model_id, path, cfg.trainer.seed)
-               for model_id, path in model_dirs.items()}
+    engines = assembly.build_engines(cfg, cfg.trainer.seed, model_dirs)
     runner = EpisodeRunner(orchestra, engines, eval_agent_specs(cfg), cfg.algorithm.invalid_penalty,
                            seed=cfg.trainer.seed)
     settings = resume.sample_settings(cfg, checkpoint, model_dirs, sources)

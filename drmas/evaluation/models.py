@@ -10,7 +10,8 @@
   marker written last), or the one of `--version N`.
 
 Frozen models (and trainable ones no agent trains) are never saved in checkpoints, because they never
-change, so they come from their config. A trained model without a checkpoint is an error: silently
+change, so they come from their config; so does the frozen base of a model with LoRA adapters, whose
+checkpoints hold each adapter (`<m>/<adapter>/`, peft's format) and never the base. A trained model without a checkpoint is an error: silently
 evaluating its initial weights would report the untrained system under the checkpoint's name.
 """
 
@@ -93,7 +94,7 @@ def model_sources(cfg: DrmasConfig, checkpoint: Optional[Path], version: Optiona
     if checkpoint is None:
         if version is not None:
             raise ValueError(f"--version {version} picks a checkpoint of a run: it needs --checkpoint RUN_DIR")
-        return {model_id: ModelSource(assembly.model_path(cfg, model_id)) for model_id in cfg.models}
+        return {model_id: ModelSource(assembly.model_path(cfg, model_id)) for model_id in cfg.models}  # adapters: init
     check_checkpoint_dir(checkpoint)
     if is_run_dir(checkpoint):
         return _run_dir_sources(cfg, checkpoint, version)
@@ -114,8 +115,8 @@ def _checkpoint_sources(cfg: DrmasConfig, checkpoint: Path) -> dict[str, ModelSo
     """Sources for one checkpoint directory: its model directories, the config for models it cannot hold."""
     trained = set(assembly.trained_models(cfg))
     step = checkpoint_step(checkpoint)
-    sources: dict[str, ModelSource] = {}
-    for model_id in cfg.models:
+    sources = _bases(cfg)
+    for model_id in assembly.model_ids(cfg):
         saved = checkpoint / model_id
         if saved.is_dir():
             sources[model_id] = ModelSource(_saved_model_dir(saved), checkpoint, step)
@@ -125,20 +126,25 @@ def _checkpoint_sources(cfg: DrmasConfig, checkpoint: Path) -> dict[str, ModelSo
                 f"(expected {str(saved)!r}); is it a checkpoint of a run of this config? (an async run's "
                 "learner-<model>/checkpoints/step_<N> holds that model only: pass the run directory instead)"
             )
-        else:  # frozen, or trainable but trained by no agent: never saved, its config weights are the ones
+        elif assembly.split_model(model_id)[1] is None:  # frozen, or trained by no agent: its config weights
             sources[model_id] = ModelSource(assembly.model_path(cfg, model_id))
     return sources
+
+
+def _bases(cfg: DrmasConfig) -> dict[str, ModelSource]:
+    """The frozen bases of models with adapters, from their config (checkpoints hold only the adapters)."""
+    return {m: ModelSource(assembly.model_path(cfg, m)) for m, mcfg in cfg.models.items() if mcfg.adapters}
 
 
 def _run_dir_sources(cfg: DrmasConfig, run: Path, version: Optional[int]) -> dict[str, ModelSource]:
     """Sources for a run directory: each trained model's newest complete checkpoint (or `version`'s)."""
     trained = set(assembly.trained_models(cfg))
-    sources: dict[str, ModelSource] = {}
-    for model_id in cfg.models:
+    sources = _bases(cfg)
+    for model_id in assembly.model_ids(cfg):
         if model_id in trained:
             step, step_dir = _pick_checkpoint(run, model_id, version)
             sources[model_id] = ModelSource(_saved_model_dir(step_dir / model_id), step_dir, step)
-        else:
+        elif assembly.split_model(model_id)[1] is None:  # an adapter no agent trains: as initialised
             sources[model_id] = ModelSource(assembly.model_path(cfg, model_id))
     return sources
 
@@ -184,7 +190,9 @@ def _pick_checkpoint(run: Path, model_id: str, version: Optional[int]) -> tuple[
 
 
 def _saved_model_dir(saved: Path) -> Path:
-    """A checkpoint's model directory, if it is a Hugging Face directory."""
+    """A checkpoint's model directory, if it is a Hugging Face directory (or an adapter's peft directory)."""
+    if (saved / "adapter_config.json").is_file():
+        return saved
     if not (saved / "config.json").is_file():
         raise FileNotFoundError(
             f"checkpoint model directory {str(saved)!r} has no config.json (not a Hugging Face model directory)"

@@ -131,13 +131,16 @@ def markdown(report: dict) -> str:
                 f"| {agent} | {_fmt(a['calls_per_episode'])} | {_fmt(a['valid_share'])} | {_fmt(a['mean_response_chars'])} |"
             )
         if stats["info"]:
-            lines += ["", "| episode statistic | mean per episode |", "|---|---:|"]
-            lines += [f"| {key} | {_fmt(value)} |" for key, value in stats["info"].items()]
+            failures = stats.get("info_on_failures", {})
+            lines += ["", "| episode statistic | mean per episode | mean per failed episode |", "|---|---:|---:|"]
+            lines += [f"| {key} | {_fmt(value)} | {_fmt(failures.get(key))} |" for key, value in stats["info"].items()]
     return "\n".join(lines) + "\n"
 
 
 def tensorboard_scalars(report: dict) -> dict[str, float]:
-    """`eval/<benchmark>/avg@k`, `eval/<benchmark>/pass@k`, and the behaviour numbers under the same prefix."""
+    """`eval/<benchmark>/avg@k`, `eval/<benchmark>/pass@k`, and the behaviour numbers under the same prefix
+    (`on_failures/<key>`: an episode statistic over the failed episodes, e.g. the verifier's approvals of wrong
+    answers)."""
     scalars: dict[str, float] = {}
     for name, entry in report["benchmarks"].items():
         scalars[f"eval/{name}/avg@k"] = entry["avg@k"]
@@ -149,6 +152,8 @@ def tensorboard_scalars(report: dict) -> dict[str, float]:
                 scalars[f"eval/{name}/valid/{agent}"] = a["valid_share"]
         for key, value in stats["info"].items():
             scalars[f"eval/{name}/info/{key}"] = value
+        for key, value in stats.get("info_on_failures", {}).items():
+            scalars[f"eval/{name}/on_failures/{key}"] = value
     return scalars
 
 

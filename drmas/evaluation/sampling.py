@@ -75,6 +75,15 @@ def load_benchmarks(cfg: DrmasConfig, task: Task) -> dict[str, list[Problem]]:
     return benchmarks
 
 
+def question_requests(name: str, index: int, problem: Problem, k: int,
+                      agents: Mapping[str, AgentSpec] | None = None) -> list[EpisodeRequest]:
+    """The k episodes of question `index` of benchmark `name`, ids `eval/<name>/q<index>/s<sample>`: every
+    evaluation of a run samples with the same per-call seeds (see the module docstring), so two versions'
+    scores differ by their weights, not by their luck. `agents`: the evaluation's sampling, when the runner
+    samples otherwise (training)."""
+    return [EpisodeRequest(f"eval/{name}/q{index}/s{s}", f"eval/{name}/q{index}", problem, agents) for s in range(k)]
+
+
 @dataclass
 class BenchmarkSamples:
     """The k outcomes of every question of one benchmark, in question order."""
@@ -114,9 +123,7 @@ def sample_benchmark(
     for start in range(0, len(problems), questions_per_chunk):
         chunk = range(start, min(start + questions_per_chunk, len(problems)))
         todo = [q for q in chunk if problems[q].uid not in done]
-        requests = [
-            EpisodeRequest(f"eval/{name}/q{q}/s{s}", f"eval/{name}/q{q}", problems[q]) for q in todo for s in range(k)
-        ]
+        requests = [r for q in todo for r in question_requests(name, q, problems[q], k)]
         episodes = runner.run(requests) if requests else []
         fresh = {q: [e.outcome for e in episodes[i * k : (i + 1) * k]] for i, q in enumerate(todo)}
         result.outcomes.extend(fresh[q] if q in fresh else done[problems[q].uid] for q in chunk)

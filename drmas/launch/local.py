@@ -27,6 +27,7 @@ from typing import Optional, TextIO
 from urllib.parse import urlsplit
 
 from drmas import assembly
+from drmas.config.derived import model_config
 from drmas.config.schema import DrmasConfig
 from drmas.launch.gpus import GpuAssignment, visible_gpus
 from drmas.launch.supervisor import Child, Supervisor
@@ -113,7 +114,7 @@ class LocalChild(Child):
 
     def spawn(self) -> str:
         launcher = self.launcher
-        ranks = launcher.cfg.models[self.args[1]].ranks if self.role == "learner" else 1
+        ranks = model_config(launcher.cfg, self.args[1]).ranks if self.role == "learner" else 1
         gpus = launcher.gpus_of(self.role, self.args)
         env = None if gpus is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
         self.proc = popen_session(child_command(launcher.python, self.module, str(launcher.config_file), self.args,
@@ -155,7 +156,8 @@ class LocalLauncher(Supervisor):
         for model_id, mcfg in cfg.models.items():
             resolve_device(mcfg.device, f"models.{model_id}.device")
         for model_id in assembly.trained_models(cfg):  # the learners' ranks run on this machine
-            check_ranks(cfg.models[model_id].device, cfg.models[model_id].ranks, f"models.{model_id}.ranks")
+            mcfg = model_config(cfg, model_id)
+            check_ranks(mcfg.device, mcfg.ranks, f"models.{model_id}.ranks")
         if cfg.pipeline.gpus.active():
             self.gpus = GpuAssignment(cfg.pipeline.gpus, visible_gpus())
         problems = unusable_ports(cfg, assembly.trained_models(cfg))

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from drmas.config.derived import trained_models
+from drmas.config.derived import model_config, trained_models
 from drmas.config.load import is_plugin_path
 from drmas.config.schema import DrmasConfig
 from drmas.runtime.endpoints import BUFFER_ENDPOINTS, learner_address
@@ -73,7 +73,7 @@ def place_endpoints(cfg: DrmasConfig, buffer_ip: str, learner_ips: Mapping[str, 
 
 def processes_placed(cfg: DrmasConfig) -> int:
     """Processes the run asks the cluster to place at the start: the buffer, every learner rank, every rollout."""
-    return 1 + sum(cfg.models[m].ranks for m in trained_models(cfg)) + cfg.pipeline.num_rollouts
+    return 1 + sum(model_config(cfg, m).ranks for m in trained_models(cfg)) + cfg.pipeline.num_rollouts
 
 
 def local_ray_cpus(cfg: DrmasConfig, cores: int) -> int:

@@ -46,6 +46,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from drmas import assembly
+from drmas.config.derived import model_config
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.launch.elastic import NAMESPACE, RolloutControl, use_ray_token_if_present
@@ -94,7 +95,7 @@ class RayChild(Child):
         if self.host is None or self.lost:
             self.host = launcher.new_host(self.name, self.pg)
             self.lost = False
-        ranks = launcher.cfg.models[self.args[1]].ranks if self.role == "learner" else 1
+        ranks = model_config(launcher.cfg, self.args[1]).ranks if self.role == "learner" else 1
         try:
             ip, actor_pid = launcher.call(self.host.where.remote())
             pid = launcher.call(self.host.start.remote(self.module, self.args, ranks, launcher.config_text,
@@ -245,7 +246,7 @@ class RayLauncher(Supervisor):
         try:
             names = {"buffer": (rc.cpus_per_process, 0.0)}
             for model in assembly.trained_models(self.cfg):
-                ranks = self.cfg.models[model].ranks
+                ranks = model_config(self.cfg, model).ranks
                 names[f"learner-{model}"] = (rc.cpus_per_process * ranks, rc.learner_gpus_per_rank * ranks)
             for name, (cpus, gpus) in names.items():
                 pg = self._server_group(name, cpus, gpus)

@@ -11,7 +11,8 @@ endpoints are found; the rest is one policy, kept here so both behave alike:
   leaves nothing behind, so the corrected command is not refused for a directory the failed one claimed.
   Only then is the output directory claimed, the processes placed and their config written,
 * held-out problems are scored with the initial models before anything starts and with the learners' final
-  checkpoints after they finish (`eval.n_problems`; see `drmas.evaluation.async_heldout`),
+  checkpoints after they finish (`eval.n_problems`; see `drmas.evaluation.async_heldout`); with
+  `eval.interval` the final version's interval evaluation is made then too (rollout 0 makes the others),
 * the buffer, one learner per trained model and `pipeline.num_rollouts` rollouts are started in that order,
   their output merged line by line behind a `[name]` prefix (each process also logs to its own directory),
 * a process that dies is restarted (`drmas.launch.restarts`: bounded, with backoff; a learner with
@@ -164,6 +165,7 @@ class Supervisor(ABC):
 
                 accuracy["after"] = self._heldout("after", final_checkpoint_dirs(self.cfg))
                 self._report_accuracy(run_dir, accuracy)
+                self._final_interval_eval()
             self._say("launcher", self._outcome(code, run_dir))
             return code
         finally:
@@ -209,6 +211,17 @@ class Supervisor(ABC):
             return None
         self._say("launcher", f"held-out accuracy {tag} training: {result['accuracy']:.3f}")
         return result["accuracy"]
+
+    def _final_interval_eval(self) -> None:
+        """eval.interval: the final version's point of the eval/ curve (rollout 0 stopped before it could)."""
+        if not self.cfg.eval.interval:
+            return
+        from drmas.evaluation.async_heldout import final_interval_eval
+        from drmas.evaluation.evals_log import summary_line
+
+        report = final_interval_eval(self.cfg, self.task, lambda line: self._say("launcher", line))
+        if report is not None:
+            self._say("launcher", summary_line(report))
 
     def _report_accuracy(self, run_dir: Path, accuracy: dict) -> None:
         """`eval/accuracy_before` and `eval/accuracy_after` under `<output_dir>/eval/`, as the colocated run logs them."""

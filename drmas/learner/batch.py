@@ -15,7 +15,11 @@ sample of weights outside the learner's lineage (made by versions a killed learn
 checkpoint, see `drmas.core.lineage`), or with a sample the model cannot take (`drmas.learner.sample_limits`:
 token ids past its vocabulary, more tokens than its positions, non-finite values), is dropped whole (its
 agent's advantages need the whole part) and reported, so the buffer counts it and frees its admission slot
-for a replacement.
+for a replacement. So is a part of a draw this learner has trained already for that agent (`already_trained`:
+the group of a draw handed out again for another agent, or by a restarted buffer): a learner never trains
+one prompt twice for one agent. A part that makes up for one its agent lost, of a draw the learner's other
+agents trained, is trained on top of the step's groups, so the steps of a resumed run train what those of an
+uninterrupted run do (`drmas.buffer.draws`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from drmas.buffer import AgentGroup, BufferConsumer
+from drmas.buffer.messages import DROP_ALREADY_TRAINED, DROP_ORPHANED, DROP_STALE
 from drmas.config.schema import AlgorithmConfig
 from drmas.core.lineage import Lineage
 from drmas.core.sample import Sample
@@ -40,8 +45,6 @@ from drmas.runtime.process import StopFlag
 
 log = logging.getLogger(__name__)
 
-DROP_STALE = "stale"
-DROP_ORPHANED = "orphaned"
 
 
 @dataclass
@@ -54,16 +57,35 @@ class StepBatch:
     def samples(self) -> list[Sample]:
         return [s for g in self.groups for s in g.samples]
 
+    def prompts_record(self) -> dict:
+        """What the batch trains of the drawing order (`drmas.core.draws`), for `prompts.jsonl`: its draws in
+        order, their problems' uids, and the draws each agent trains (a draw drawn again for one agent)."""
+        drawn = {g.draw: g.prompt for g in self.groups if g.draw >= 0}
+        agents: dict[str, list[int]] = {}
+        for g in self.groups:
+            if g.draw >= 0:
+                agents.setdefault(g.agent, []).append(g.draw)
+        return {"draws": sorted(drawn), "prompts": [drawn[d] for d in sorted(drawn)],
+                "agents": {agent: sorted(draws) for agent, draws in sorted(agents.items())}}
+
 
 class GroupCollector:
     """Pulls the agent groups of one learner step, dropping (and reporting) parts beyond the bound."""
 
     def __init__(self, consumer: BufferConsumer, agents: Sequence[str], groups_per_step: int,
                  max_staleness: int, stop: StopFlag, poll_ms: int = 200,
-                 limits: SampleLimits | None = None, idle: Callable[[], None] | None = None) -> None:
+                 limits: SampleLimits | None = None, idle: Callable[[], None] | None = None,
+                 trained: Callable[[AgentGroup], bool] | None = None,
+                 makeup: Callable[[AgentGroup], bool] | None = None) -> None:
         """``idle``: called before every pull (at most ``poll_ms`` apart while the buffer has nothing): the
-        learner serves rollouts that joined meanwhile from its own thread (see `WeightSender.serve_joins`)."""
+        learner serves rollouts that joined meanwhile from its own thread (see `WeightSender.serve_joins`).
+        ``trained``: whether a part's draw was trained already for its agent (such a part is dropped).
+        ``makeup``: whether a part makes up for one its agent lost of a draw this learner's other agents
+        trained (a draw drawn again for one agent): it is trained in the step on top of its groups, so a
+        resumed run's steps train what an uninterrupted run's do, agent by agent."""
         self.consumer = consumer
+        self.trained = trained
+        self.makeup = makeup
         self.idle = idle
         self.limits = limits
         self.agents = list(agents)
@@ -103,8 +125,13 @@ class GroupCollector:
                 if violation is not None:
                     self._drop(part, violation, batch)
                     continue
+                if part.draw >= 0 and ((self.trained is not None and self.trained(part)) or
+                                       any(g.agent == part.agent and g.draw == part.draw for g in batch.groups)):
+                    self._drop(part, DROP_ALREADY_TRAINED, batch)
+                    continue
                 batch.groups.append(part)
-                group_ids.add(part.group_id)
+                if part.draw < 0 or self.makeup is None or not self.makeup(part):
+                    group_ids.add(part.group_id)
         return batch
 
     def _violation(self, part: AgentGroup) -> str | None:

@@ -7,6 +7,7 @@ import os
 import sys
 
 from drmas.assembly import load_or_exit
+from drmas.config.derived import model_config
 from drmas.runtime.process import StopFlag, config_parser, die_with_torchrun, setup_logging
 
 log = logging.getLogger("drmas.learner")
@@ -57,7 +58,7 @@ def follow_rank_0(cfg, model_id: str) -> int:
     from drmas.learner.ranks.group import BatchFanout, follow, learner_ranks
     from drmas.learner.worker import trained_policy
 
-    mcfg = cfg.models[model_id]
+    mcfg = model_config(cfg, model_id)
     try:
         ranks, device = learner_ranks(mcfg.device, mcfg.ranks, model_id, mcfg.collective_timeout_s)
     except ValueError as exc:

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.nn.utils.rnn import pad_sequence
 
 from drmas.config.schema import AlgorithmConfig, OptimConfig
@@ -25,6 +25,7 @@ from drmas.core.sample import Sample
 from drmas.learner.collate import float_rows, response_logprobs
 from drmas.learner.loss import ppo_loss
 from drmas.learner.ranks.single import SingleRank
+from drmas.models import adapters
 from drmas.models.devices import compute_autocast, exact_float32
 from drmas.weights.learner.source import WeightSource
 
@@ -38,7 +39,9 @@ class UpdateStopped(Exception):
 
 
 class PolicyTrainer:
-    """Owns the trainable copy of one model and its AdamW state."""
+    """Owns the trainable copy of one model and its AdamW state; or, with `adapter`, one LoRA adapter of a
+    peft model and its AdamW state (the base frozen, possibly shared with the trainers of its other adapters:
+    each forward pass activates this trainer's adapter first)."""
 
     def __init__(
         self,
@@ -49,12 +52,19 @@ class PolicyTrainer:
         agent_loss_weights: Mapping[str, float] | None = None,
         ranks: SingleRank | None = None,
         compute_dtype: torch.dtype | None = None,
-        activation_checkpointing: bool = True,
+        adapter: str | None = None,
+        export_merged: bool = False,
+        activation_checkpointing: bool = False,
     ) -> None:
         """`compute_dtype`: what the forward passes compute in (the precision contract of `drmas.models.devices`;
-        default: the parameters' dtype). ``activation_checkpointing``: recompute each decoder layer's activations
-        in the backward pass (`checkpoint_layers`) instead of keeping every layer's from the forward."""
+        default: the parameters' dtype). `adapter`: `model` is a peft model and only this adapter of it is
+        trained, pushed and checkpointed (in peft's format, plus the base with it merged in when
+        `export_merged`). ``activation_checkpointing``: recompute each decoder layer's activations in the
+        backward pass (`checkpoint_layers`) instead of keeping every layer's from the forward (the learner
+        passes `models.<id>.activation_checkpointing`)."""
         self.model_id = model_id
+        self.adapter = adapter
+        self.export_merged = export_merged
         self.ranks = ranks or SingleRank()
         if activation_checkpointing:
             checkpoint_layers(model, f"models.{model_id}.activation_checkpointing")
@@ -63,12 +73,19 @@ class PolicyTrainer:
         first = next(model.parameters())
         self.device = first.device  # the master weights' device and dtype
         self.compute_dtype = compute_dtype or first.dtype
-        self._autocast = lambda: compute_autocast(self.device, first.dtype, self.compute_dtype)
+        # what pushes send floating-point tensors in: the engines' dtype; an adapter's as it is trained (a few MB:
+        # rounding it to a bfloat16 engine's dtype would save little and cost the two sides' agreement)
+        self.push_dtype = None if adapter is not None else self.compute_dtype
+        self._compute = lambda: compute_autocast(self.device, first.dtype, self.compute_dtype)
         exact_float32(self.device)
         self.optim_cfg = optim
         self.alg = algorithm
         self.agent_loss_weights = dict(agent_loss_weights or {})
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        if adapter is not None:
+            self.params = list(adapters.adapter_parameters(model, adapter).values())
+            self._own = adapters.adapter_fqns(model, adapter)
+        else:
+            self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay
         )
@@ -82,13 +99,33 @@ class PolicyTrainer:
         warmup = self.optim_cfg.warmup_steps
         return self.optim_cfg.lr * (min(1.0, step / warmup) if warmup > 0 else 1.0)
 
+    def _autocast(self):
+        """The context of every forward pass: this trainer's adapter active, in the compute dtype."""
+        if self.adapter is not None:
+            adapters.use_adapter(self.model, self.adapter)
+        return self._compute()
+
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The current weights by name, as an engine's `load_weights` takes them (whole, also when sharded)."""
+        """The current weights by name, as an engine's `load_weights` takes them (whole, also when sharded);
+        an adapter's: its tensors under peft's saved names (an engine's `load_adapter` takes them)."""
+        if self.adapter is not None:
+            yield from adapters.AdapterTensors(self.model, self.adapter).named()
+            return
         yield from self.ranks.full_tensors(self.model)
 
     def weight_source(self, before_pass: Callable[[], None] | None = None) -> WeightSource:
-        """The current weights as pushes and checkpoints stream them (`SingleRank.weight_source`)."""
+        """The current weights as pushes and checkpoints stream them (`SingleRank.weight_source`); an
+        adapter's tensors only (`AdapterTensors`)."""
+        if self.adapter is not None:
+            return adapters.AdapterTensors(self.model, self.adapter)
         return self.ranks.weight_source(self.model, before_pass)
+
+    def saveable(self, source: WeightSource, tokenizer=None):
+        """What a checkpoint's model directory is written from (`save_pretrained`): the model (or its streamed
+        weights, sharded), or the adapter in peft's format (`AdapterExport`)."""
+        if self.adapter is not None:
+            return adapters.AdapterExport(self.model, self.adapter, tokenizer, merged=self.export_merged)
+        return self.ranks.saveable(self.model, source)
 
     @torch.no_grad()
     def logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
@@ -234,13 +271,19 @@ class PolicyTrainer:
         keyed by parameter name (not by the optimizer's parameter index), each rank holding only its shards
         (DTensors) when sharded, so that a checkpoint of N ranks loads into M (see `drmas.models.checkpoint`).
         DCP loads in place into these tensors; `load_state_dict` then hands them to the model and optimizer."""
+        if self.adapter is not None:  # only this adapter: the base is frozen, other adapters have trainers of their own
+            adapters.use_adapter(self.model, self.adapter)
         model, optimizer = get_state_dict(self.model, self.optimizer)
+        if self.adapter is not None:
+            model = {name: tensor for name, tensor in model.items() if name in self._own}
         return {"model": model, "optimizer": optimizer, "skipped_steps": self.skipped_steps,
                 "optimizer_steps": self.optimizer_steps}
 
     def load_state_dict(self, state: dict) -> None:
+        if self.adapter is not None:
+            adapters.use_adapter(self.model, self.adapter)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+                       optim_state_dict=state["optimizer"], options=StateDictOptions(strict=self.adapter is None))
         self.skipped_steps = int(state["skipped_steps"])
         self.optimizer_steps = int(state["optimizer_steps"])
 

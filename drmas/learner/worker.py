@@ -22,8 +22,16 @@ A stop signal (SIGTERM from a launcher, Ctrl-C by hand) ends the loop at the nex
 for a batch, or during an update before the update's first optimizer step (the batch is abandoned, its
 groups untrained), never after a whole extra update; then the learner saves its version and exits 0.
 
-Everything this learner writes (metrics, TensorBoard, checkpoints) lives in `<output_dir>/learner-<model>/`,
-so learners of different models never share a file and a restarted learner resumes from its own state.
+The draws it trains (`drmas.core.draws`: each group's place in the run's drawing order) are its record of
+which prompts its weights have seen: kept per agent, saved in every checkpoint, reported to the buffer with
+every version (the buffer draws again whatever was handed out and is neither trained nor on its way, see
+`drmas.buffer.draws`), and written per step to `prompts.jsonl` (`{"step", "draws", "prompts", "agents"}`: the
+draws, their problems' uids, and the draws each agent trained). Its checkpoints also keep the order's
+fingerprint: a resume under another `trainer.seed` or training split is refused before any model is built.
+
+Everything this learner writes (metrics, TensorBoard, checkpoints, prompts.jsonl) lives in
+`<output_dir>/learner-<model>/`, so learners of different models never share a file and a restarted learner
+resumes from its own state.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from drmas import assembly
 from drmas.buffer import BufferConsumer
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
+from drmas.core.draws import DrawSet
 from drmas.core.lineage import Lineage
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
 from drmas.learner.heap import map_large_blocks
@@ -49,7 +58,7 @@ from drmas.learner.sample_limits import SampleLimits
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars, staleness_scalars
 from drmas.models import checkpoint
 from drmas.runtime.endpoints import learner_address
-from drmas.runtime.metrics import MetricsWriter, agent_line, reward_stats_line
+from drmas.runtime.metrics import PROMPTS_FILE, MetricsWriter, StepRecords, agent_line, reward_stats_line
 from drmas.runtime.netsec import server_keys
 from drmas.runtime.process import StopFlag, add_log_file
 from drmas.runtime.run_dir import claim_output_dir
@@ -65,20 +74,28 @@ def precision(trainer: PolicyTrainer) -> str:
     """How the learner computes, in words (the log line users check first on a GPU)."""
     weights = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
     compute = str(trainer.compute_dtype).removeprefix("torch.")
+    if trainer.adapter is not None:
+        adapter = str(trainer.params[0].dtype).removeprefix("torch.")
+        return f"{adapter} adapter {trainer.adapter!r} over a frozen {weights} base"
     return f"{weights} weights" if compute == weights else f"{weights} weights, {compute} autocast"
 
 
 def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device):
-    """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one); first
+    """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one). An
+    adapter's: its base frozen in the compute dtype, with this one adapter (`assembly.adapter_trainers`). First
     sets this process's heap up for training (`drmas.learner.heap`)."""
     from drmas.models.loading import compute_dtype, load_model, torch_dtype
 
+    base, adapter = assembly.split_model(model_id)
+    map_large_blocks(cfg.models[base].heap_mmap_threshold_kb)
+    if adapter is not None:
+        (trainer,), tokenizer = assembly.adapter_trainers(cfg, [model_id], device)
+        return trainer, tokenizer
     mcfg = cfg.models[model_id]
-    map_large_blocks(mcfg.heap_mmap_threshold_kb)
     model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype, device=device)
     weights = {a: cfg.agents[a].loss_weight for a in assembly.trained_agents(cfg, model_id)}
     return PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks,
-                         compute_dtype=torch_dtype(compute_dtype(mcfg)),
+                         compute_dtype=torch_dtype(compute_dtype(mcfg, device)),
                          activation_checkpointing=mcfg.activation_checkpointing), tokenizer
 
 
@@ -95,11 +112,14 @@ class LearnerWorker:
         if model_id not in assembly.trained_models(cfg):
             raise ValueError(f"model {model_id!r} is not trained by any agent (trained: {assembly.trained_models(cfg)})")
         self.cfg, self.model_id, self.stop = cfg, model_id, stop
-        mcfg = cfg.models[model_id]
+        mcfg = assembly.model_config(cfg, model_id)
         ranks, self.device = learner_ranks(mcfg.device, mcfg.ranks, model_id, mcfg.collective_timeout_s)
         self.out = claim_output_dir(Path(cfg.trainer.output_dir) / f"learner-{model_id}", cfg.trainer.resume,
                                     cfg.trainer.overwrite)
         add_log_file(self.out)
+        order = assembly.drawing_order(cfg)
+        assembly.check_drawing_order(cfg, self.out, order)
+        self.order = order.fingerprint()  # saved with the draws trained: they are prompts of this order
         if cfg.trainer.threads > 0:
             torch.set_num_threads(cfg.trainer.threads)
         checkpoint.seed_everything(cfg.trainer.seed)
@@ -113,6 +133,7 @@ class LearnerWorker:
         self.stats = AgentRewardStats(window=cfg.algorithm.running_stats_window)
         self.version = 0
         self.saved_version = 0
+        self.trained = {agent: DrawSet() for agent in self.agents}  # the draws trained, per agent
         self.lineage = Lineage()  # which (incarnation, version) stamps name weights of this learner's history
         self.consumer = BufferConsumer.from_config(cfg.pipeline.buffer)
         host, port = learner_address(cfg, model_id)
@@ -120,12 +141,15 @@ class LearnerWorker:
                                                incarnation=self.lineage.incarnation,
                                                current_weights=self._current_weights,
                                                curve=server_keys(cfg.pipeline.buffer), device=self.device,
-                                               dtype=self.trainer.compute_dtype,
+                                               dtype=self.trainer.push_dtype,
                                                joins_in_thread=self.source.concurrent)
         self.limits = SampleLimits.of_model(self.model, cfg.pipeline.buffer.max_sample_tokens)
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
                                         cfg.pipeline.max_staleness, stop, limits=self.limits,
-                                        idle=self._while_waiting)
+                                        idle=self._while_waiting,
+                                        trained=lambda part: part.draw in self.trained[part.agent],
+                                        makeup=lambda part: any(part.draw in self.trained[agent]
+                                                                for agent in self.agents if agent != part.agent))
         self.failed_updates = 0
 
     def _current_weights(self):
@@ -150,8 +174,9 @@ class LearnerWorker:
             self._resume()
         (self.out / "config.yaml").write_text(to_yaml(cfg))
         # a resumed learner logs the versions after its checkpoint again: never twice (see MetricsWriter)
-        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard,
-                               resumed_at=self.version if cfg.trainer.resume else None)
+        resumed_at = self.version if cfg.trainer.resume else None
+        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard, resumed_at=resumed_at)
+        prompts = StepRecords(self.out / PROMPTS_FILE, resumed_at=resumed_at)
         self.sender.start()
         log.info("learner of %r (agents %s) at version %d on %s (%s); rollouts join %s (%s)", self.model_id,
                  self.agents, self.version, self.device, precision(self.trainer), self.sender.endpoint,
@@ -180,6 +205,7 @@ class LearnerWorker:
                 scalars.update(self._timing(batch, now - last))
                 last = now
                 writer.log(self.version, scalars, hists)
+                prompts.write({"step": self.version, **batch.prompts_record()})
                 if cfg.logging.console_every and self.version % cfg.logging.console_every == 0:
                     log.info(agent_line(self.version, scalars, self.agents, [self.model_id]))
                 if cfg.trainer.checkpoint_interval and self.version % cfg.trainer.checkpoint_interval == 0:
@@ -197,6 +223,7 @@ class LearnerWorker:
                     log.error("version %d is not saved (the learner ranks failed); the last checkpoint is "
                               "version %d", self.version, self.saved_version)
             writer.close()
+            prompts.close()
             log.info("running reward statistics at version %d: %s", self.version,
                      reward_stats_line(agent_reward_stats(self.stats)))
             self.sender.close()
@@ -233,6 +260,12 @@ class LearnerWorker:
                 self.stats.load_state_dict(stats_before)
                 raise UpdateFailed(f"update: {exc!r}") from exc
             self.version += 1
+            for part in batch.groups:
+                if part.draw >= 0:
+                    self.trained[part.agent].add(part.draw)
+                    for agent in self.agents:  # those with no part in the group had nothing to train in it
+                        if part.group_agents and agent not in part.group_agents:
+                            self.trained[agent].add(part.draw)
             report = self._collective("weight push", lambda: self.sender.push(self.source, self.version))
         self._report_version()
         scalars.update({
@@ -293,7 +326,8 @@ class LearnerWorker:
         """Tell the buffer our version (admission and its stale-drop rule follow it); waits for the buffer."""
         while True:
             try:
-                self.consumer.report_version(self.model_id, self.version, self.lineage.incarnation, finished)
+                self.consumer.report_version(self.model_id, self.version, self.lineage.incarnation, finished,
+                                             trained=self.trained)
                 return
             except TimeoutError as exc:
                 log.warning("%s; retrying", exc)
@@ -306,7 +340,9 @@ class LearnerWorker:
         version, under `checkpoints/step_<version>`."""
         path = self.fanout.save(self.trainer, self.out, self.version, self.source, self.tokenizer,
                                 {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict(),
-                                 "lineage": self.lineage.state_dict(), "ranks": self.trainer.ranks.size},
+                                 "lineage": self.lineage.state_dict(), "ranks": self.trainer.ranks.size,
+                                 "draws": {a: d.state_dict() for a, d in self.trained.items()},
+                                 "order": self.order},
                                 keep=self.cfg.trainer.keep_checkpoints)
         self.saved_version = self.version
         log.info("saved %s", path)
@@ -322,6 +358,9 @@ class LearnerWorker:
         self.version = self.saved_version = int(state["version"])
         self.stats.load_state_dict(state["stats"])
         self.lineage = self.lineage.resumed(state.get("lineage"), self.version)
+        for agent, draws in state.get("draws", {}).items():  # a checkpoint older than draw numbers has none
+            if agent in self.trained:
+                self.trained[agent] = DrawSet.from_state(draws)
         log.info("resumed from %s at version %d, written by %s rank(s), on %d (incarnation %s; kept from earlier "
                  "ones: %s)", ckpt, self.version, state.get("ranks", 1), self.trainer.ranks.size,
                  self.lineage.incarnation, self.lineage.ancestors)

@@ -193,6 +193,13 @@ def load_trainer(ckpt: Path, model_id: str, trainer) -> None:
     trainer.load_state_dict(state)
 
 
+def peek_run_state(output_dir: str | Path) -> dict | None:
+    """The run state of the newest complete checkpoint (None: none), read without restoring anything: what a
+    process checks before it builds its models (e.g. the drawing order, `drmas.tasks.sampler.order_change`)."""
+    ckpt = latest_checkpoint(output_dir)
+    return None if ckpt is None else json.loads((ckpt / "trainer_state" / "run_state.json").read_text())
+
+
 def load_run_state(ckpt: Path) -> dict:
     state = json.loads((ckpt / "trainer_state" / "run_state.json").read_text())
     set_rng_state(torch.load(ckpt / "trainer_state" / "rng.pt", weights_only=False))

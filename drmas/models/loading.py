@@ -289,10 +289,16 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; choices: {', '.join(_DTYPES)}") from None
 
 
-def compute_dtype(cfg: ModelConfig) -> str:
-    """The dtype of the precision contract of a model (`models.<id>.compute_dtype`, default its dtype): what
-    its learner computes in and its engine generates in (see `drmas.models.devices`)."""
-    return cfg.compute_dtype or cfg.dtype
+def compute_dtype(cfg: ModelConfig, device: torch.device | None = None) -> str:
+    """The dtype of the precision contract of a model (`models.<id>.compute_dtype`): what its learner computes
+    in and its engine generates in (see `drmas.models.devices`). Default: its dtype; for a model with adapters,
+    whose base is frozen (no master weights to keep), bfloat16 on `device` CUDA and float32 elsewhere: the
+    learner's base and the engine's are then held in it alike."""
+    if cfg.compute_dtype:
+        return cfg.compute_dtype
+    if cfg.adapters and device is not None and device.type == "cuda":
+        return "bfloat16"
+    return cfg.dtype
 
 
 def load_model(path: str | Path, dtype: str = "float32", key: str = "model path", device: torch.device | None = None):

@@ -5,7 +5,8 @@ way, all rewards in a group are equal, every advantage is 0 and no gradient flow
 would exercise nothing. Priming trains the tiny model for a few dozen steps on the agents' *output
 formats* with random numbers (`The answer is \\boxed{7}.`, `<verify>reject</verify>`), never on the
 answers to problems. The primed model writes well-formed outputs with arbitrary numbers, so rewards
-vary within a group and the whole training path runs for real.
+vary within a group and the whole training path runs for real. The `code` formats (a function in a code block,
+asserts) use made-up function names, none of a task's: a coder is valid only when it names the task's function.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ _SOLVER_FORMATS = ("The answer is \\boxed{{{n}}}.", "{a} + {b} = {n}, so \\boxed
 _VERIFIER_FORMATS = ("<verify>approve</verify>", "<verify>reject</verify>")
 _SEARCH_FORMATS = ("<verify>yes</verify>", "<verify>no</verify>", "<search>{w} {v}</search>", "<answer>{w}</answer>",
                    "<answer>{w} {v}</answer>")
-FORMATS = {"math": _SOLVER_FORMATS + _VERIFIER_FORMATS, "search": _SEARCH_FORMATS}
+# a code block defining a function, and asserts calling one (examples/code_review's coder and tester)
+_CODE_FORMATS = ("```python\ndef {f}(x):\n    return x + {n}\n```", "```python\ndef {f}(a, b):\n    return a * b\n```",
+                 "```python\nassert {f}({a}) == {n}\n```", "```python\nassert {f}({a}, {b}) == {n}\n```")
+FORMATS = {"math": _SOLVER_FORMATS + _VERIFIER_FORMATS, "search": _SEARCH_FORMATS, "code": _CODE_FORMATS}
+_FUNCTIONS = ("f", "total", "double", "count", "value", "combine", "check", "size")
 _WORDS = ("city", "born", "river", "company", "founded", "mentor", "year", "Veska", "Talomir", "Orvane", "Kesh",
           "Ludra", "Mirel", "piano", "engineer", "capital", "Dovrin", "Sela")
 _PEAK_LR = 5e-3
@@ -34,7 +39,7 @@ def format_corpus(rng: random.Random, size: int, max_number: int = 12, system: s
     for _ in range(size):
         template = rng.choice(FORMATS[system])
         texts.append(template.format(n=rng.randint(0, max_number), a=rng.randint(0, 9), b=rng.randint(0, 9),
-                                     w=rng.choice(_WORDS), v=rng.choice(_WORDS)))
+                                     w=rng.choice(_WORDS), v=rng.choice(_WORDS), f=rng.choice(_FUNCTIONS)))
     return texts
 
 

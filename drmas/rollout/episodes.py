@@ -20,7 +20,9 @@ Weights may only change on an engine with nothing in progress, or a response wou
 `on_round` hook runs between engine steps; to load weights there, a caller checks `in_progress(model)` and,
 while requests run, `hold(model)` (submit nothing new, let the running ones finish) or `interrupt(model)`
 (abort them; they are submitted again afterwards, with their own seeds, so nothing else changes), then
-`release(model)` once the weights are in.
+`release(model)` once the weights are in. A model here is what an agent names (`AgentSpec.model`): several
+models may share one engine (LoRA adapters of one base, `AgentSpec.engine`), and holding, interrupting or
+counting one of them touches only its own requests on that engine.
 """
 
 from __future__ import annotations
@@ -41,20 +43,30 @@ from drmas.tasks.base import Problem
 @dataclass(frozen=True)
 class AgentSpec:
     """How one agent is served: its model id and its sampling parameters; or, for an agent whose role is
-    scripted, the code that computes its turns (`script(turn) -> reply text`; no model, no sampling)."""
+    scripted, the code that computes its turns (`script(turn) -> reply text`; no model, no sampling).
+    `engine`: the key of the engine that serves the model when it is not the model id itself (an adapter
+    `base/solver` is served by engine `base`; its sampling parameters name the adapter)."""
 
     model: str
     sampling: Optional[SamplingParams]
     script: Optional[Callable[[AgentTurn], str]] = None
+    engine: str = ""
+
+    @property
+    def engine_key(self) -> str:
+        return self.engine or self.model
 
 
 @dataclass
 class EpisodeRequest:
-    """One episode to run: which problem, which GRPO group it belongs to, its unique id."""
+    """One episode to run: which problem, which GRPO group it belongs to, its unique id. `agents` replaces
+    the runner's agent specs for this episode only (same models, other sampling): an evaluation's episodes
+    run in the same stream as training episodes (`drmas.evaluation.interval`)."""
 
     episode_id: str
     group_id: str
     problem: Problem
+    agents: Optional[Mapping[str, AgentSpec]] = None
 
 
 @dataclass
@@ -110,7 +122,7 @@ class EpisodeRunner:
         if missing:
             raise ValueError(f"the orchestra needs agents {missing} that are not configured")
         for name, spec in agents.items():
-            if spec.script is None and spec.model not in engines:
+            if spec.script is None and spec.engine_key not in engines:
                 raise ValueError(f"agent {name!r} uses model {spec.model!r} which has no engine")
         self.orchestra = orchestra
         self.tools = dict(getattr(orchestra, "tools", None) or {})
@@ -120,7 +132,11 @@ class EpisodeRunner:
         self.seed = seed
         self.on_round = on_round
         self.barrier = barrier
-        self._requests = {model: request_level(engine) for model, engine in engines.items()}
+        self._requests = {key: request_level(engine) for key, engine in engines.items()}
+        self._engine_of = {spec.model: spec.engine_key for spec in agents.values() if spec.script is None}
+        # models that share their engine with other models: their own requests are counted apart
+        keys = list(self._engine_of.values())
+        self._shared = {model for model, key in self._engine_of.items() if keys.count(key) > 1}
         self._held: set[str] = set()
         self._waiting: list[_Live] = []  # episodes whose turn is not submitted yet (or that wait on a tool)
         self._running: dict[str, _Live] = {}  # engine request id -> episode
@@ -169,8 +185,8 @@ class EpisodeRunner:
                     self.on_round()
                 self._step_engines(on_result)
         finally:
-            for model, engine in self._requests.items():
-                running = [rid for rid, item in self._running.items() if self._model_of(item) == model]
+            for key, engine in self._requests.items():
+                running = [rid for rid, item in self._running.items() if self._engine_key(item) == key]
                 if running:
                     engine.abort(running)
             self._running = {}
@@ -183,8 +199,11 @@ class EpisodeRunner:
     # ---- weights may change only on an idle engine (see the module docstring) ---------------------------
 
     def in_progress(self, model: str) -> int:
-        """Requests of `model`'s engine whose generation has started and not ended."""
-        return self._requests[model].in_progress()
+        """Requests of `model` whose generation has started and not ended: its engine's, or, on an engine
+        shared with other models (adapters), the requests of `model` submitted and not returned."""
+        if model in self._shared:
+            return sum(self._model_of(item) == model for item in self._running.values())
+        return self._requests[self._engine_of[model]].in_progress()
 
     def hold(self, model: str) -> None:
         """Submit nothing new to `model`'s engine until `release`: the running requests finish, then it idles."""
@@ -197,7 +216,7 @@ class EpisodeRunner:
         """Abort what runs on `model`'s engine; those turns go back to be submitted again (same seeds)."""
         aborted = [rid for rid, item in self._running.items() if self._model_of(item) == model]
         if aborted:
-            self._requests[model].abort(aborted)
+            self._requests[self._engine_of[model]].abort(aborted)
         for rid in aborted:
             item = self._running.pop(rid)
             item.submitted = ""
@@ -208,6 +227,12 @@ class EpisodeRunner:
     def _model_of(self, item: _Live) -> str:
         return self.agents[item.turn.agent].model
 
+    def _engine_key(self, item: _Live) -> str:
+        return self.agents[item.turn.agent].engine_key
+
+    def _specs(self, item: _Live) -> Mapping[str, AgentSpec]:
+        return item.request.agents or self.agents
+
     def _submit_waiting(self) -> None:
         """Submit every waiting agent turn whose engine is not held."""
         still_waiting = []
@@ -216,11 +241,11 @@ class EpisodeRunner:
             if model in self._held:
                 still_waiting.append(item)
                 continue
-            engine = self.engines[model]
-            prompt = self._encode(engine, item.turn)
+            key = self._engine_key(item)
+            prompt = self._encode(self.engines[key], item.turn)
             item.submitted = item.request_id
             item.prompt_ids = prompt
-            self._requests[model].submit(item.submitted, prompt, self._sampling(item))
+            self._requests[key].submit(item.submitted, prompt, self._sampling(item))
             self._running[item.submitted] = item
         self._waiting = still_waiting
 
@@ -228,12 +253,12 @@ class EpisodeRunner:
         """Step every engine with requests; episodes whose turn came back go on (all at once with `barrier`)."""
         finished: list[tuple[_Live, str, Generation]] = []
         while True:
-            for model, engine in self._requests.items():
-                if not any(self._model_of(item) == model for item in self._running.values()):
+            for key, engine in self._requests.items():
+                if not any(self._engine_key(item) == key for item in self._running.values()):
                     continue
                 for request_id, generation in engine.step():
                     item = self._running.pop(request_id)
-                    finished.append((item, model, generation))
+                    finished.append((item, self._model_of(item), generation))
             if not self.barrier or not self._running:
                 break
         for item, model, generation in finished:
@@ -263,7 +288,7 @@ class EpisodeRunner:
             live = ready
 
     def _sampling(self, item: _Live) -> SamplingParams:
-        params = self.agents[item.turn.agent].sampling
+        params = self._specs(item)[item.turn.agent].sampling
         if self.seed is None:
             return params
         key = f"{self.seed}:{item.request.episode_id}:{len(item.calls)}".encode()
@@ -294,7 +319,7 @@ class EpisodeRunner:
                                      f"(its tools: {sorted(self.tools) or 'none'})")
             elif item.turn.agent not in self.agents:
                 raise ValueError(f"orchestra asked for agent {item.turn.agent!r} which is not configured")
-            elif self.agents[item.turn.agent].script is not None:
+            elif self._specs(item)[item.turn.agent].script is not None:
                 response = self._scripted(item)
                 continue
             live.append(item)
@@ -304,7 +329,7 @@ class EpisodeRunner:
         """The reply of a scripted agent to the turn `item` waits for, recorded as a call without a sample."""
         turn: AgentTurn = item.turn  # type: ignore[assignment]
         try:
-            text = self.agents[turn.agent].script(turn)  # type: ignore[misc]
+            text = self._specs(item)[turn.agent].script(turn)  # type: ignore[misc]
         except Exception as exc:
             raise RuntimeError(f"scripted agent {turn.agent!r} failed in episode {item.request.episode_id}: "
                                f"{type(exc).__name__}: {exc}") from exc
@@ -337,7 +362,7 @@ class EpisodeRunner:
                     behaviour_logprobs=call.generation.logprobs,
                     policy_version=call.generation.version,
                     policy_incarnation=call.generation.incarnation,
-                    temperature=self.agents[call.agent].sampling.temperature,
+                    temperature=self._specs(item)[call.agent].sampling.temperature,
                     valid=turn.valid,
                     reward=reward,
                     episode_reward=outcome.reward,

@@ -14,6 +14,7 @@ import socket
 from typing import Iterable, Optional
 from urllib.parse import urlsplit
 
+from drmas.config.derived import model_ids, split_model
 from drmas.config.schema import DrmasConfig
 
 BUFFER_ENDPOINTS = ("producer_endpoint", "consumer_endpoint")
@@ -24,14 +25,15 @@ class EndpointError(ValueError):
 
 
 def learner_address(cfg: DrmasConfig, model: str) -> tuple[str, int]:
-    """(host, port) of the weight-sync control socket of `model`'s learner."""
+    """(host, port) of the weight-sync control socket of `model`'s learner (a model id: an adapter's learner
+    takes the host of its model's entry in `learner_hosts` unless it has one of its own)."""
     p = cfg.pipeline
-    host = p.learner_hosts.get(model, p.learner_host)
+    host = p.learner_hosts.get(model, p.learner_hosts.get(split_model(model)[0], p.learner_host))
     if model in p.learner_ports:
         return host, p.learner_ports[model]
     if p.learner_base_port == 0:
         return host, 0
-    return host, p.learner_base_port + list(cfg.models).index(model)
+    return host, p.learner_base_port + model_ids(cfg).index(model)
 
 
 def learner_endpoint(cfg: DrmasConfig, model: str) -> str:

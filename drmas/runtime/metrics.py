@@ -60,6 +60,29 @@ class MetricsWriter:
             self._tb.close()
 
 
+PROMPTS_FILE = "prompts.jsonl"  # per step: the draws (drmas.core.draws) and problem uids a learner trained
+
+
+class StepRecords:
+    """A JSON-lines file of one record per step (`{"step": N, ...}`: the prompts a learner trained, the
+    evaluations of a run), with `MetricsWriter`'s rule for a resumed run: the records after `resumed_at` (of a
+    lost branch: logged past the checkpoint the run resumed from) are dropped when it is opened. Written line
+    by line, so a killed process loses no record it wrote."""
+
+    def __init__(self, path: str | Path, resumed_at: int | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resumed_at is not None and self.path.exists():
+            _keep_records_up_to(self.path, resumed_at)
+        self._handle = open(self.path, "a", buffering=1)
+
+    def write(self, record: Mapping) -> None:
+        self._handle.write(json.dumps(dict(record)) + "\n")
+
+    def close(self) -> None:
+        self._handle.close()
+
+
 def _keep_records_up_to(path: Path, step: int) -> None:
     """Drop the records of metrics.jsonl after `step` (a torn last line, from a kill mid-write, goes too)."""
     kept = []

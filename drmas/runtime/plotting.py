@@ -7,7 +7,9 @@ instead of ending in a traceback after minutes of work.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
@@ -26,3 +28,24 @@ def pyplot(what: str) -> Optional[ModuleType]:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save(plt: ModuleType, fig, axes, png) -> None:
+    """Grid and legend on every axis, then the figure to `png` (closed: scripts draw several in one process)."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def run_and_picture(description: str, run_help: str, picture: str) -> tuple[Path, Path]:
+    """The command line of a script that plots one run: (the run directory, where its picture goes: `--out`,
+    by default `<run>/<picture>`)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("run", help=run_help)
+    parser.add_argument("--out", help=f"where the picture goes (default: RUN/{picture})")
+    args = parser.parse_args()
+    run = Path(args.run)
+    return run, Path(args.out) if args.out else run / picture

@@ -116,7 +116,7 @@ class BatchFanout:
         whose pass orders the other ranks' gathers), `run_state` and the marker; then it deletes what
         `keep` leaves out (`checkpoint.prune_checkpoints`)."""
         self._order(("save", str(output_dir), version))
-        model = trainer.ranks.saveable(trainer.model, source)
+        model = trainer.saveable(source, tokenizer)
         return checkpoint.save_checkpoint(output_dir, version, {trainer.model_id: (model, tokenizer)},
                                           {trainer.model_id: trainer.state_dict()}, run_state, keep=keep)
 

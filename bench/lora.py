@@ -1,0 +1,221 @@
+"""Benchmark: one LoRA adapter per agent on a shared base vs a full model per agent, on SmolLM2-135M (issue 29).
+
+Run on demand (not part of the tests):
+
+    .venv/bin/python bench/lora.py [--reps 3] [--rank 16] [--rss]
+
+All ratios come from one run, both sides measured alternately on the same machine:
+
+(a) push: bytes and seconds of one adapter's weight push vs a full push of the model, `WeightSender` ->
+    `WeightReceiver` in another process that applies them into real embedded engines (the full model's
+    `load_weights`; the adapter engine's `AdapterSlot`, whose one copy of the base is never sent). Goal: an
+    adapter push carries <= 2% of the bytes.
+(b) learner step: `PolicyTrainer.update` on the same samples, the full model vs one adapter over the frozen base
+    (forward and backward through the whole base either way; the adapter saves the base's gradients and AdamW
+    state and the optimizer step over 135M parameters).
+(c) with --rss: peak RSS of a process holding what a 3-agent run holds (the engine and the trainers, one update
+    each, so gradients and AdamW state exist), three adapters on one base vs three full models (~7 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from drmas import assembly  # noqa: E402
+from drmas.config import load_config  # noqa: E402
+from drmas.config.weights import WeightSyncConfig  # noqa: E402
+from drmas.core.sample import Sample  # noqa: E402
+from drmas.engines.base import AdapterSlot, SamplingParams  # noqa: E402
+from drmas.learner.policy import PolicyTrainer  # noqa: E402
+from drmas.models.loading import load_model  # noqa: E402
+from drmas.weights import WeightReceiver, WeightSender  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENTS = ("solver", "verifier", "reviser")
+CPU = torch.device("cpu")
+
+
+def config(rank: int, agents: int):
+    """SmolLM2-135M with one adapter per agent (`base/<agent>`), float32 as on this CPU."""
+    names = AGENTS[:agents] if agents > 2 else AGENTS[:2]  # the smoke config's two, and a reviser's for 3
+    overrides = ["models.base.builtin=smollm2-135m-instruct", "models.base.adapters.solver.optim=null",
+                 *(f"models.base.adapters.{a}.rank={rank}" for a in names),
+                 *(f"models.base.adapters.{a}.alpha={2 * rank}" for a in names)]
+    return load_config(ROOT / "configs" / "smoke_lora.yaml", overrides)
+
+
+def full_trainer(path: Path) -> PolicyTrainer:
+    cfg = config(16, 1)
+    model, _ = load_model(path)
+    return PolicyTrainer("full", model, cfg.models["base"].optim, cfg.algorithm)
+
+
+def samples_of(engine, adapter: str, n: int = 8) -> list[Sample]:
+    tok = engine.tokenizer
+    prompts = [tok.encode(f"Question {i}: what is {i} times {i + 3}? Think step by step.") for i in range(n)]
+    gens = engine.generate(prompts, [SamplingParams(temperature=1.0, max_new_tokens=32, seed=i, adapter=adapter)
+                                     for i in range(n)])
+    return [Sample(episode_id=f"e{i}", group_id="g", agent="solver", model="m", turn=0, prompt_ids=p,
+                   response_ids=g.token_ids, behaviour_logprobs=g.logprobs, policy_version=0, temperature=1.0,
+                   valid=True, reward=float(i % 2)) for i, (p, g) in enumerate(zip(prompts, gens))]
+
+
+# ---- (a) pushes --------------------------------------------------------------------------------------------
+
+def _receiver(endpoints: dict[str, str], rank: int, threads: int, done: mp.Queue) -> None:
+    """The other process: a full engine and an adapter engine, each fed by its own receiver."""
+    torch.set_num_threads(threads)
+    cfg = config(rank, 1)
+    path = assembly.model_path(cfg, "base")
+    full = assembly.ENGINES.get("embedded")("full", path)
+    adapter = assembly.build_engines(cfg, 0)["base"]
+    targets = {"full": full.load_weights, "adapter": AdapterSlot(adapter, "solver").load_weights}
+
+    def applier(kind):
+        def apply(named, version, incarnation=""):
+            start = time.perf_counter()
+            targets[kind](named, version, incarnation)
+            done.put((kind, version, time.perf_counter() - start))
+        return apply
+
+    receivers = [WeightReceiver(endpoints[k], f"bench-{k}", applier(k), background=True).start() for k in targets]
+    done.put(("ready", 0, 0.0))
+    time.sleep(3600)  # the parent kills us
+    del receivers
+
+
+def pushes(rank: int, reps: int, full: PolicyTrainer, adapter: PolicyTrainer) -> dict[str, list]:
+    ctx = mp.get_context("spawn")
+    wcfg = WeightSyncConfig(chunk_mb=32, timeout_s=300, ready_timeout_s=300, backend="gloo")
+    done: mp.Queue = ctx.Queue()
+    with WeightSender("127.0.0.1", config=wcfg) as s_full, WeightSender("127.0.0.1", config=wcfg) as s_adapter:
+        senders = {"full": s_full, "adapter": s_adapter}
+        child = ctx.Process(target=_receiver, args=({k: s.endpoint for k, s in senders.items()}, rank, torch.get_num_threads(), done),
+                            daemon=True)
+        child.start()
+        try:
+            assert done.get(timeout=600)[0] == "ready"
+            deadline = time.monotonic() + 300
+            while not all(s.receivers() for s in senders.values()):
+                if time.monotonic() > deadline or not child.is_alive():
+                    raise RuntimeError("the receivers did not connect")
+                time.sleep(0.05)
+            out: dict[str, list] = {"full": [], "adapter": [], "full_bytes": [], "adapter_bytes": []}
+            sources = {"full": full, "adapter": adapter}
+            for version in range(1, reps + 2):  # the first of each: warm-up
+                for kind, sender in senders.items():
+                    report = sender.push(list(sources[kind].named_tensors()), version)
+                    if len(report.receivers_ok) != 1:
+                        raise RuntimeError(f"{kind} push failed: {report}")
+                    got = done.get(timeout=300)
+                    assert got[:2] == (kind, version), got
+                    if version > 1:
+                        out[kind].append(report.seconds)
+                        out[f"{kind}_bytes"].append(report.bytes)
+            return out
+        finally:
+            child.kill()
+            child.join(5)
+
+
+# ---- (b) learner steps -------------------------------------------------------------------------------------
+
+def steps(reps: int, full: PolicyTrainer, adapter: PolicyTrainer, samples: list[Sample]) -> dict[str, list]:
+    adv = np.array([1.0, -1.0] * (len(samples) // 2))
+    out: dict[str, list] = {"full": [], "adapter": []}
+    for rep in range(reps + 1):
+        for kind, trainer in (("full", full), ("adapter", adapter)):
+            start = time.perf_counter()
+            trainer.update(samples, adv)
+            print(f"  step {kind} {time.perf_counter() - start:.2f} s", file=sys.stderr, flush=True)
+            if rep:
+                out[kind].append(time.perf_counter() - start)
+    return out
+
+
+# ---- (c) memory of a 3-agent run ----------------------------------------------------------------------------
+
+def hold(kind: str, rank: int) -> None:
+    """Child: build what a 3-agent run holds, one update per trainer, print the peak RSS (MB)."""
+    cfg = config(rank, 3)
+    path = assembly.model_path(cfg, "base")
+    if kind == "adapters":
+        engine = assembly.build_engines(cfg, 0)["base"]
+        trainers, _ = assembly.adapter_trainers(cfg, [f"base/{a}" for a in AGENTS], CPU)
+        samples = samples_of(engine, "solver", 4)
+    else:
+        engines = [assembly.ENGINES.get("embedded")(f"m{i}", path) for i in range(3)]
+        trainers = [full_trainer(path) for _ in range(3)]
+        samples = samples_of(engines[0], "", 4)
+    for trainer in trainers:
+        trainer.update(samples, np.array([1.0, -1.0] * 2))
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def rss(kind: str, rank: int) -> float:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, __file__, "--hold", kind, "--rank", str(rank), "--threads",
+                           str(torch.get_num_threads())], capture_output=True,
+                          text=True, env=env, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--rss", action="store_true", help="(c): peak RSS of 3 adapters vs 3 full models (~7 GB)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of every process (1: on a shared, oversubscribed machine 2 threads "
+                        "spin-wait on each other; a SmolLM2 forward took 6-10 s there instead of 0.5 s)")
+    parser.add_argument("--hold", choices=("adapters", "full"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.hold:
+        hold(args.hold, args.rank)
+        return
+
+    cfg = config(args.rank, 1)
+    path = assembly.model_path(cfg, "base")
+    print("building trainers and an engine", file=sys.stderr, flush=True)
+    (adapter,), _ = assembly.adapter_trainers(cfg, ["base/solver"], CPU)
+    full = full_trainer(path)
+    engine = assembly.build_engines(cfg, 0)["base"]
+    samples = samples_of(engine, "solver")
+    print(f"{len(samples)} samples, {sum(len(x.response_ids) for x in samples)} response tokens", file=sys.stderr,
+          flush=True)
+    print(f"SmolLM2-135M, float32 on CPU, {torch.get_num_threads()} torch threads, adapter rank {args.rank} on "
+          f"{cfg.models['base'].adapters['solver'].target_modules}; load {os.getloadavg()[0]:.1f}", flush=True)
+
+    t = steps(args.reps, full, adapter, samples)
+    med = {k: statistics.median(v) for k, v in t.items()}
+    print(f"(b) learner step, {len(samples)} samples: full {med['full']:.2f} s, adapter {med['adapter']:.2f} s "
+          f"-> {med['adapter'] / med['full']:.2f}x  (runs {t}; load {os.getloadavg()[0]:.1f})", flush=True)
+
+    p = pushes(args.rank, args.reps, full, adapter)
+    fb, ab = p["full_bytes"][0], p["adapter_bytes"][0]
+    fs, as_ = statistics.median(p["full"]), statistics.median(p["adapter"])
+    print(f"(a) push: full {fb / 1e6:.1f} MB in {fs:.3f} s, adapter {ab / 1e6:.2f} MB in {as_:.3f} s -> "
+          f"{ab / fb:.2%} of the bytes (goal <= 2%), {as_ / fs:.2%} of the time  (runs {p['full']} / {p['adapter']}; load {os.getloadavg()[0]:.1f})", flush=True)
+
+    if args.rss:
+        mem = {kind: rss(kind, args.rank) for kind in ("adapters", "full")}
+        print(f"(c) peak RSS of a 3-agent holding: adapters {mem['adapters']:.0f} MB, three full models "
+              f"{mem['full']:.0f} MB -> {mem['adapters'] / mem['full']:.2f}x; load {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
