@@ -101,7 +101,8 @@ class ColocatedRun:
             model, tokenizer = load_model(assembly.model_path(cfg, base), dtype=mcfg.dtype, device=device)
             weights = {n: cfg.agents[n].loss_weight for n in assembly.trained_agents(cfg, base)}
             self.trainers[base] = PolicyTrainer(base, model, mcfg.optim, cfg.algorithm, weights,
-                                                compute_dtype=torch_dtype(compute_dtype(mcfg, device)))
+                                                compute_dtype=torch_dtype(compute_dtype(mcfg, device)),
+                                                activation_checkpointing=mcfg.activation_checkpointing)
             self.tokenizers[base] = tokenizer
 
     # ---- checkpoints -------------------------------------------------------------------------------
