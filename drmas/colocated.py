@@ -143,6 +143,7 @@ class ColocatedRun:
             return self._run()
         finally:
             self.stop.restore()
+            assembly.close_orchestra(self.orchestra)  # the external system's gateway and program stop here
 
     def _run(self) -> dict:
         cfg = self.cfg
@@ -245,7 +246,8 @@ class ColocatedRun:
             for ei in range(cfg.rollout.group_size)
         ]
         results = self.runner.run(requests)
-        samples: list[Sample] = [s for r in results for s in r.samples]
+        dropped = {r.request.group_id for r in results if r.outcome.dropped}  # incomplete groups train nothing
+        samples: list[Sample] = [s for r in results if r.request.group_id not in dropped for s in r.samples]
         t_rollout = time.perf_counter() - t0
         adv = step_advantages(samples, cfg.algorithm, self.stats)
         scalars = agent_scalars(samples, adv)

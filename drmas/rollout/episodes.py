@@ -11,6 +11,14 @@ restores rounds for every engine (each step waits for all submitted turns), for 
 a scripted agent (`AgentSpec.script`: its role computes its turns) is answered at once, in the episode's
 own step, and makes no sample.
 
+Episodes whose turns come from outside (the external system: an agent program calling the rollout's HTTP
+gateway) wait on a tool that answers `PENDING` until the program's next call arrives. When no engine has work
+the runner sleeps in that tool's `wait_for_answers` instead of spinning, and a batching engine is stepped only
+once the calls of the episodes it just answered are back (that method gathers them), so HTTP calls share
+engine steps the way in-process turns do. A turn may carry its own sampling (`AgentTurn.sampling`, e.g. an HTTP
+request's max_tokens and stop strings) and ask for a detailed `Reply`; a turn the engine refuses (too long, a
+chat template error) is thrown into its episode.
+
 The result is one `Sample` per agent call of a model, rewards filled in: each turn's reward as the outcome
 gives it (`EpisodeOutcome.turn_reward`: per turn, per agent or the episode's), minus the format penalty. `run` drives a fixed set of episodes to their
 end (training steps, evaluation). `stream` keeps a rollout process busy instead: before every step it asks
@@ -36,7 +44,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from drmas.core.sample import Sample
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
-from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra, ToolCall
+from drmas.mas.base import PENDING, AgentTurn, EpisodeOutcome, Orchestra, Reply, ToolCall
 from drmas.tasks.base import Problem
 
 
@@ -82,6 +90,7 @@ class _Call:
     model: str
     prompt_ids: list[int]
     generation: Optional[Generation]  # None: a scripted agent's turn (no sample)
+    temperature: float = 1.0  # what the response was sampled at (the learner recomputes log-probs at it)
 
 
 @dataclass
@@ -92,6 +101,7 @@ class _Live:
     calls: list[_Call] = field(default_factory=list)
     submitted: str = ""  # the engine request id of `turn` while it runs
     prompt_ids: list[int] = field(default_factory=list)  # of `turn`, once submitted
+    params: Optional[SamplingParams] = None  # of `turn`, once submitted
 
     @property
     def request_id(self) -> str:
@@ -168,6 +178,13 @@ class EpisodeRunner:
         the stream; episodes still live are then abandoned (and their running requests aborted).
         """
         self._waiting, self._running, self._held = [], {}, set()
+        ended = 0
+
+        def finished(result: EpisodeResult) -> None:
+            nonlocal ended
+            ended += 1
+            on_result(result)
+
         more = True
         try:
             while more or self._waiting or self._running:
@@ -176,14 +193,19 @@ class EpisodeRunner:
                     more = new is not None
                     for req in new or ():
                         episode = self.orchestra.run(req.problem)
-                        self._advance(_Live(req, episode, turn=None), None, self._waiting, on_result)  # type: ignore[arg-type]
+                        self._advance(_Live(req, episode, turn=None), None, self._waiting, finished)  # type: ignore[arg-type]
                 if not self.live:
                     continue
-                self._waiting = self._call_tools(self._waiting, on_result)
-                self._submit_waiting()
+                if not self._running:  # engines idle: let outside answers gather before the next step
+                    self._wait_outside()
+                before = ended
+                self._waiting = self._call_tools(self._waiting, finished)
+                if more and ended > before and not self._running:
+                    continue  # episodes ended on a tool's answer: start their successors in this step, not the next
+                self._submit_waiting(finished)
                 if self.on_round is not None:
                     self.on_round()
-                self._step_engines(on_result)
+                self._step_engines(finished)
         finally:
             for key, engine in self._requests.items():
                 running = [rid for rid, item in self._running.items() if self._engine_key(item) == key]
@@ -233,19 +255,27 @@ class EpisodeRunner:
     def _specs(self, item: _Live) -> Mapping[str, AgentSpec]:
         return item.request.agents or self.agents
 
-    def _submit_waiting(self) -> None:
-        """Submit every waiting agent turn whose engine is not held."""
-        still_waiting = []
+    def _submit_waiting(self, on_result: Callable[[EpisodeResult], None]) -> None:
+        """Submit every waiting agent turn whose engine is not held; a turn the engine refuses (or whose
+        messages cannot be encoded) is thrown into its episode."""
+        still_waiting: list[_Live] = []
         for item in self._waiting:
+            if isinstance(item.turn, ToolCall):  # waits on a tool answer that is not there yet
+                still_waiting.append(item)
+                continue
             model = self._model_of(item)
             if model in self._held:
                 still_waiting.append(item)
                 continue
             key = self._engine_key(item)
-            prompt = self._encode(self.engines[key], item.turn)
-            item.submitted = item.request_id
-            item.prompt_ids = prompt
-            self._requests[key].submit(item.submitted, prompt, self._sampling(item))
+            try:
+                prompt = self._encode(self.engines[key], item.turn)
+                params = self._sampling(item)
+                self._requests[key].submit(item.request_id, prompt, params)
+            except Exception as exc:
+                self._advance(item, None, still_waiting, on_result, error=exc)
+                continue
+            item.submitted, item.prompt_ids, item.params = item.request_id, prompt, params
             self._running[item.submitted] = item
         self._waiting = still_waiting
 
@@ -262,13 +292,20 @@ class EpisodeRunner:
             if not self.barrier or not self._running:
                 break
         for item, model, generation in finished:
-            item.calls.append(_Call(item.turn.agent, model, item.prompt_ids, generation))
+            turn: AgentTurn = item.turn  # type: ignore[assignment]
+            item.calls.append(_Call(turn.agent, model, item.prompt_ids, generation, item.params.temperature))
             item.submitted = ""
-            self._advance(item, generation.text, self._waiting, on_result)
+            reply: object = generation.text
+            if turn.detailed:
+                reply = Reply(generation.text, len(item.prompt_ids), len(generation.token_ids),
+                              generation.finish_reason, generation.version)
+            self._advance(item, reply, self._waiting, on_result)
 
     def _call_tools(self, live: list[_Live], on_result: Callable[[EpisodeResult], None]) -> list[_Live]:
         """Answer every pending tool call, one batched call per tool, until each live episode waits on an
-        agent turn (an episode may call tools several times in a row); returns the episodes still live."""
+        agent turn (an episode may call tools several times in a row) or on an answer not there yet (PENDING:
+        asked again next round); returns the episodes still live."""
+        pending: list[_Live] = []
         while True:
             by_tool: dict[str, list[_Live]] = defaultdict(list)
             ready: list[_Live] = []
@@ -278,18 +315,37 @@ class EpisodeRunner:
                 else:
                     ready.append(item)
             if not by_tool:
-                return live
+                return live + pending
             for tool, items in by_tool.items():
                 results = self.tools[tool].call_batch([item.turn.request for item in items])
                 if len(results) != len(items):
                     raise RuntimeError(f"tool {tool!r} returned {len(results)} results for {len(items)} requests")
                 for item, result in zip(items, results):
-                    self._advance(item, result, ready, on_result)
+                    if result is PENDING:
+                        pending.append(item)
+                    else:
+                        self._advance(item, result, ready, on_result)
             live = ready
 
+    def _wait_outside(self) -> None:
+        """Sleep in the `wait_for_answers` of each tool whose answers come from outside (see the module
+        docstring); returns at once when no episode waits on one."""
+        by_tool: dict[str, list[object]] = defaultdict(list)
+        for item in self._waiting:
+            if isinstance(item.turn, ToolCall):
+                by_tool[item.turn.tool].append(item.turn.request)
+        for tool, requests in by_tool.items():
+            wait = getattr(self.tools[tool], "wait_for_answers", None)
+            if wait is not None:
+                wait(requests)
+
     def _sampling(self, item: _Live) -> SamplingParams:
+        """The agent's sampling, under the turn's own (`AgentTurn.sampling`), seeded per call with `seed`."""
         params = self._specs(item)[item.turn.agent].sampling
-        if self.seed is None:
+        own = dict(item.turn.sampling or {})
+        if own:
+            params = _overridden(params, own)
+        if self.seed is None or own.get("seed") is not None:
             return params
         key = f"{self.seed}:{item.request.episode_id}:{len(item.calls)}".encode()
         return dataclasses.replace(params, seed=zlib.crc32(key))
@@ -302,13 +358,18 @@ class EpisodeRunner:
         return [int(t) for t in ids]
 
     def _advance(
-        self, item: _Live, response: object, live: list[_Live], on_result: Callable[[EpisodeResult], None]
+        self, item: _Live, response: object, live: list[_Live], on_result: Callable[[EpisodeResult], None],
+        error: Optional[Exception] = None,
     ) -> None:
-        """Send the response or tool result (None to start) and either queue what the episode asks for
-        next or finish the episode. Scripted agents' turns are answered here, as they come."""
+        """Send the response or tool result (None to start; or throw `error`, a turn the engine refused) and
+        either queue what the episode asks for next or finish the episode. Scripted agents' turns are answered
+        here, as they come."""
         while True:
             try:
-                item.turn = item.episode.send(response)  # type: ignore[attr-defined]
+                if error is not None:
+                    item.turn, error = item.episode.throw(error), None  # type: ignore[attr-defined]
+                else:
+                    item.turn = item.episode.send(response)  # type: ignore[attr-defined]
             except StopIteration as stop:
                 outcome: EpisodeOutcome = stop.value
                 on_result(EpisodeResult(item.request, outcome, self._samples(item, outcome)))
@@ -339,6 +400,8 @@ class EpisodeRunner:
         return text
 
     def _samples(self, item: _Live, outcome: EpisodeOutcome) -> list[Sample]:
+        if outcome.dropped:
+            return []  # never finished: nothing of it is trained on (its group is dropped as incomplete)
         if len(outcome.turns) != len(item.calls):
             raise RuntimeError(
                 f"orchestra reported {len(outcome.turns)} turns for {len(item.calls)} calls in episode "
@@ -362,7 +425,7 @@ class EpisodeRunner:
                     behaviour_logprobs=call.generation.logprobs,
                     policy_version=call.generation.version,
                     policy_incarnation=call.generation.incarnation,
-                    temperature=self._specs(item)[call.agent].sampling.temperature,
+                    temperature=call.temperature,
                     valid=turn.valid,
                     reward=reward,
                     episode_reward=outcome.reward,
@@ -392,3 +455,20 @@ class EpisodeRunner:
                                    f"({outcome.turns[index].agent}) in {where}")
             rewards.append(value)
         return rewards
+
+
+_OVERRIDABLE = ("temperature", "top_p", "max_new_tokens", "stop", "seed")
+
+
+def _overridden(params: SamplingParams, own: Mapping[str, object]) -> SamplingParams:
+    """`params` under a turn's own sampling: temperature, top_p and seed replace, stop strings add, and
+    max_new_tokens is capped by the agent's (the config bounds every response)."""
+    unknown = sorted(set(own) - set(_OVERRIDABLE))
+    if unknown:
+        raise ValueError(f"AgentTurn.sampling: unknown keys {unknown} (known: {', '.join(_OVERRIDABLE)})")
+    changes = {key: own[key] for key in ("temperature", "top_p", "seed") if own.get(key) is not None}
+    if own.get("max_new_tokens") is not None:
+        changes["max_new_tokens"] = min(int(own["max_new_tokens"]), params.max_new_tokens)  # type: ignore[arg-type]
+    if own.get("stop"):
+        changes["stop"] = tuple(dict.fromkeys([*params.stop, *own["stop"]]))  # type: ignore[misc]
+    return dataclasses.replace(params, **changes)
