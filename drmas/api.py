@@ -41,7 +41,17 @@ from drmas.engines import ENGINES
 from drmas.engines.base import Engine, Generation, SamplingParams
 from drmas.mas import ORCHESTRAS
 from drmas.mas.agents import AGENT_ROLES, RoleAgent, ScriptedRole, TeamContext
-from drmas.mas.base import AgentTurn, EpisodeGenerator, EpisodeOutcome, Orchestra, Tool, ToolCall, TurnResult
+from drmas.mas.base import (
+    PENDING,
+    AgentTurn,
+    EpisodeGenerator,
+    EpisodeOutcome,
+    Orchestra,
+    Reply,
+    Tool,
+    ToolCall,
+    TurnResult,
+)
 from drmas.retrieval.base import Hit, Passage, Retriever
 from drmas.retrieval.factory import RETRIEVERS
 from drmas.tasks import TASKS
@@ -53,7 +63,7 @@ from drmas.tools.asserts import AssertReport, AssertRequest, AssertTool
 
 __all__ = [
     # the orchestra protocol
-    "Orchestra", "EpisodeGenerator", "AgentTurn", "ToolCall", "Tool", "TurnResult", "EpisodeOutcome",
+    "Orchestra", "EpisodeGenerator", "AgentTurn", "ToolCall", "Tool", "TurnResult", "EpisodeOutcome", "Reply", "PENDING",
     # role agents
     "RoleAgent", "ScriptedRole", "TeamContext",
     # tasks

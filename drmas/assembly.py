@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import drmas.engines.embedded  # noqa: F401  (registers the built-in engine)
-import drmas.mas.math  # noqa: F401  (registers the built-in orchestras and role agents)
+import drmas.mas.external  # noqa: F401  (registers the built-in orchestras and role agents)
+import drmas.mas.math  # noqa: F401
 import drmas.mas.revise  # noqa: F401
 import drmas.mas.search  # noqa: F401
 from drmas.config.derived import (  # noqa: F401
@@ -178,14 +179,26 @@ def check_drawing_order(cfg: DrmasConfig, out: str | Path, order: ProblemSampler
 
 
 def build_orchestra(cfg: DrmasConfig, task: Task) -> Orchestra:
+    """The configured system's orchestra. One that holds resources (the external system: a server and a
+    program) has `close()`: a driver calls `close_orchestra` when it is done with it."""
     agents_by_role = {a.role: name for name, a in cfg.agents.items()}
     factory = ORCHESTRAS.get(cfg.system.name)
-    extra = {}
+    extra: dict = {}
     if getattr(factory, "needs_retriever", False):  # the search system: its retriever is built from `retrieval`
         extra["retriever"] = build_retriever(cfg.retrieval, task,
                                              show_progress=process.progress_bars_on(cfg.logging.progress_bar))
         extra["topk"] = cfg.retrieval.topk
+    if getattr(factory, "serves_agents", False):  # the external system: its gateway serves every agent by name
+        extra["agents"] = {name: a.model for name, a in cfg.agents.items()}
+        extra["in_flight"] = (cfg.pipeline.groups_in_flight or cfg.rollout.prompts_per_step) * cfg.rollout.group_size
     return factory(cfg.system, agents_by_role, task, **extra)
+
+
+def close_orchestra(orchestra: object) -> None:
+    """Release what an orchestra holds (see `build_orchestra`); nothing for most."""
+    close = getattr(orchestra, "close", None)
+    if close is not None:
+        close()
 
 
 def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str, AgentSpec]:

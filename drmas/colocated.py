@@ -104,7 +104,8 @@ class ColocatedRun:
             model, tokenizer = load_model(assembly.model_path(cfg, base), dtype=mcfg.dtype, device=device)
             weights = {n: cfg.agents[n].loss_weight for n in assembly.trained_agents(cfg, base)}
             self.trainers[base] = PolicyTrainer(base, model, mcfg.optim, cfg.algorithm, weights,
-                                                compute_dtype=torch_dtype(compute_dtype(mcfg, device)))
+                                                compute_dtype=torch_dtype(compute_dtype(mcfg, device)),
+                                                activation_checkpointing=mcfg.activation_checkpointing)
             self.tokenizers[base] = tokenizer
 
     # ---- checkpoints -------------------------------------------------------------------------------
@@ -145,6 +146,7 @@ class ColocatedRun:
             return self._run()
         finally:
             self.stop.restore()
+            assembly.close_orchestra(self.orchestra)  # the external system's gateway and program stop here
 
     def _run(self) -> dict:
         cfg = self.cfg
@@ -247,17 +249,15 @@ class ColocatedRun:
             for ei in range(cfg.rollout.group_size)
         ]
         results = self.runner.run(requests)
-        # a group with a dropped episode (a plugin failed) cannot be normalised: the step goes on without it
-        broken = {r.request.group_id for r in results if r.failure is not None}
-        results = [r for r in results if r.request.group_id not in broken]
-        samples: list[Sample] = [s for r in results for s in r.samples]
+        dropped = {r.request.group_id for r in results if r.outcome.dropped}  # incomplete groups train nothing
+        samples: list[Sample] = [s for r in results if r.request.group_id not in dropped for s in r.samples]
         t_rollout = time.perf_counter() - t0
         adv = step_advantages(samples, cfg.algorithm, self.stats)
         scalars = agent_scalars(samples, adv)
         scalars.update(reward_stats_scalars(self.stats))
-        scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results])) if results else 0.0
-        scalars["rollout/episodes_failed"] = float(self.runner.failed)
-        scalars["rollout/groups_dropped"] = float(len(broken))
+        scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results]))
+        scalars["rollout/episodes_failed"] = float(self.runner.failed)  # a plugin raised: see EpisodeRunner
+        scalars["rollout/groups_dropped"] = float(len(dropped))
         committed = False  # once a model has taken its optimizer step, the step is finished, not abandoned
         for model_id, trainer in self.trainers.items():
             agents_of_model = set(assembly.trained_agents(cfg, model_id))

@@ -154,8 +154,11 @@ def learner_update_on_device(model_dir: Path) -> None:
                           temperature=max(s.temperature, 0.0), valid=True, reward=float(i % 2))
                    for i, (p, g, s) in enumerate(zip(prompts, gens, params))]
         learner, _ = load_model(model_dir)
+        # without activation checkpointing: torch's recomputation runs in autograd's device thread, where the
+        # simulator's thread-local dispatch mode is not active (the process aborts); on CUDA it is torch's own path
         trainer = PolicyTrainer("m", learner.to(DEVICE), OptimConfig(lr=1e-2),
-                                AlgorithmConfig(micro_batch_size=4, optim_steps_per_update=2))
+                                AlgorithmConfig(micro_batch_size=4, optim_steps_per_update=2),
+                                activation_checkpointing=False)
         before = [p.detach().cpu().clone() for p in trainer.params]
         metrics = trainer.update(samples, np.array([1.0, -1.0] * 3), version=0)
         after = [p.detach().cpu() for p in trainer.params]

@@ -192,6 +192,30 @@ def test_incomplete_group_is_discarded_after_timeout(make_buffer, clients) -> No
     assert consumer.pull(["solver", "verifier"]) == []
 
 
+def test_a_group_its_producer_abandons_is_dropped_and_its_admission_returned_at_once(make_buffer, clients) -> None:
+    """An episode of an external program that never reported its reward: the rollout abandons its group, so the
+    buffer drops what arrived of it, refuses the rest and frees the group's admission slot without waiting for
+    the incomplete timeout (600 s here); its draw is drawn again."""
+    buf = make_buffer(agent_models={"solver": "m1"}, groups_per_step={"m1": 3}, max_staleness=0)
+    producer = clients.producer(buf)
+    clients.consumer(buf).report_version("m1", 0)
+    assert producer.request_admission(3) == [0, 1, 2]
+    send_group(producer, "done", 1, agents=("solver",), draw=0)
+    producer.send_episode("torn", 2, *episode("torn", 0, agents=("solver",)), draw=1)  # one of its 2 arrived ...
+    producer.flush()
+    assert producer.request_admission(1) == []  # 'done' accepted, 'torn' and the third group running
+    producer.abandon_group("torn", 1)  # ... the other one never will
+    producer.abandon_group("unstarted", 2)  # the third admitted group: none of its episodes was sent
+    stats = producer.stats()  # answered after both (one socket, in order)
+    assert stats.dropped == {"abandoned_group": 1} and stats.dropped_groups == {"abandoned_group": 1}
+    assert stats.incomplete_groups == 0 and stats.running_groups == 0 and conserved(stats)
+    producer.send_episode("torn", 2, *episode("torn", 1, agents=("solver",)), draw=1)  # a late sibling is refused
+    producer.flush()
+    assert [r.reason for r in producer.pop_rejections()] == ["group_discarded"]
+    assert producer.request_admission(5) == [1, 2]  # both slots came back ('done' counts), their draws again
+    assert producer.stats().draws["redrawn"] == 2
+
+
 def test_discard_api_and_learner_drop_reports_are_counted(make_buffer, clients) -> None:
     buf = make_buffer()
     producer, consumer = clients.producer(buf), clients.consumer(buf)

@@ -62,6 +62,7 @@ def test_wrong_type_names_key():
         ("system.malformed_verdict=maybe", "system.malformed_verdict"),
         ("algorithm.singleton_clip=0", "algorithm.singleton_clip"),
         ("models.policy.collective_timeout_s=0", "models.policy.collective_timeout_s"),
+        ("models.policy.heap_mmap_threshold_kb=65536", "models.policy.heap_mmap_threshold_kb"),
     ],
 )
 def test_impossible_values_name_the_key(override, key):

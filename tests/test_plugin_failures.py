@@ -167,8 +167,9 @@ def test_a_plugin_failing_every_episode_stops_the_run_naming_itself(flaky_config
 def test_a_failing_plugin_costs_its_episodes_in_the_async_pipeline(flaky_config, tmp_path):
     """`drmas run` with pipeline.mode=async: the rollout process drops the episodes of the question its
     orchestra fails on, and the one episode whose referee call is the process's first (its group's other
-    episodes may have been sent: the buffer drops that part), logged in its process.log and counted; it keeps
-    generating and the learner trains its steps on the other groups."""
+    episodes may have been sent: the rollout abandons the group, the buffer drops that part at once), logged
+    once each in its process.log and counted; it keeps generating and the learner trains its steps on the
+    other groups."""
     from cli_run import run_cli
     from test_launcher import ASYNC
 
@@ -182,8 +183,9 @@ def test_a_failing_plugin_costs_its_episodes_in_the_async_pipeline(flaky_config,
     assert [r["step"] for r in read_metrics(out / "learner-policy" / "metrics.jsonl")] == [1, 2]
     rollout = read_metrics(out / "rollout-0" / "metrics.jsonl")
     assert rollout[-1]["rollout/episodes_failed"] >= 5  # draw 0's group (and its draws again, if any), 1 more
-    assert rollout[-1]["rollout/groups_dropped"] >= 2
+    assert rollout[-1]["rollout/dropped_episodes"] == rollout[-1]["rollout/episodes_failed"]
     log = (out / "rollout-0" / "process.log").read_text()
     assert "episode dropped: orchestra 'FlakyOrchestra' at agent 'proposer' failed in episode" in log
     assert f"ValueError: cannot orchestrate {q['q0']!r}" in log
     assert log.count("episode dropped: scripted agent 'referee' failed in episode") == 1
+    assert log.count(" dropped: ") == rollout[-1]["rollout/episodes_failed"]  # one line per dropped episode

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cli_run import run_cli
 
-from drmas.launch.restarts import EXIT_USAGE, RestartBook, RestartConfig
+from drmas.runtime.restarts import EXIT_USAGE, RestartBook, RestartConfig
 from drmas.models import checkpoint
 from drmas.runtime.run_dir import OutputDirError, claim_output_dir
 

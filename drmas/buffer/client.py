@@ -21,6 +21,7 @@ import zmq
 
 from drmas.buffer.framing import ClientReply, GroupBatchView, decode_client_reply, encode_frames, open_group
 from drmas.buffer.messages import (
+    AbandonGroup,
     Ack,
     Acks,
     AdmitReply,
@@ -251,6 +252,13 @@ class BufferProducer(_Client):
     def flush(self, timeout_s: Optional[float] = None) -> None:
         """Wait until every sent episode is acknowledged (accepted or refused)."""
         self._wait_for(lambda: not self._unacked, "acknowledgement of every episode", timeout_s)
+
+    def abandon_group(self, group_id: str, draw: int = -1) -> None:
+        """Tell the buffer that `group_id` (of draw `draw`) will never complete (an episode of it was dropped), so
+        it drops what arrived of the group and returns its admission slot and draw now; not answered (a lost
+        message only delays that until the buffer's incomplete timeout). Later episodes of the group must not be
+        sent: they are refused."""
+        self._send(AbandonGroup(seq=next(self._seq), producer=self.producer_id, group_id=group_id, draw=draw))
 
     def request_admission(self, n_groups: int) -> list[int]:
         """Ask to start `n_groups` new groups; returns the draws of those the staleness bound allows now (one

@@ -161,6 +161,18 @@ class StatsRequest(_Message):
     seq: Seq
 
 
+class AbandonGroup(_Message):
+    """A producer gives up on a group it admitted: one of its episodes will never finish (an agent program
+    never reported it). The buffer drops what arrived of the group (counted under `abandoned_group`), refuses
+    the rest of it, and returns its admission slot now rather than after `incomplete_timeout_s`, its draw to be
+    drawn again (`drmas.buffer.draws`). Never answered."""
+
+    seq: Seq
+    producer: Producer
+    group_id: Name
+    draw: Draw = -1  # the group's draw (returned with its lease when nothing of the group arrived)
+
+
 class Heartbeat(_Message):
     """A producer is alive (sent by its heartbeat thread; never answered). A producer silent for
     `producer_timeout_s` is taken for dead: its admitted groups and unfinished groups are released."""
@@ -260,8 +272,8 @@ class Stats(_Message):
 
 
 Message = Union[
-    EpisodeMsg, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat, Ack, Acks, AdmitReply,
-    GroupBatch, Stats,
+    EpisodeMsg, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat, AbandonGroup, Ack, Acks,
+    AdmitReply, GroupBatch, Stats,
 ]
 
 # ---- heads: what the first frame of a message carries ----------------------------------------------
@@ -321,10 +333,10 @@ class SampleHeader(msgspec.Struct, kw_only=True):
 
 # What a first frame may be, per receiver.
 Head = Union[
-    EpisodeHead, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat, Ack, Acks, AdmitReply,
-    GroupBatchHead, Stats,
+    EpisodeHead, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat, AbandonGroup, Ack, Acks,
+    AdmitReply, GroupBatchHead, Stats,
 ]
-RequestHead = Union[EpisodeHead, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat]
+RequestHead = Union[EpisodeHead, AdmitRequest, Pull, VersionUpdate, DropReport, StatsRequest, Heartbeat, AbandonGroup]
 ReplyHead = Union[Ack, Acks, AdmitReply, GroupBatchHead, Stats]
 
 

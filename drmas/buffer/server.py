@@ -39,6 +39,7 @@ from drmas.buffer.messages import (
     DROP_ALREADY_TRAINED,
     DROP_STALE,
     REJECT_UNEXPECTED,
+    AbandonGroup,
     Ack,
     Acks,
     AdmitReply,
@@ -54,6 +55,7 @@ from drmas.buffer.messages import (
 )
 from drmas.buffer.router import TICK_S, RouterServer
 from drmas.buffer.store import (
+    DROP_ABANDONED,
     DROP_REFUSED_EPISODE,
     GroupStore,
     QueuedGroup,
@@ -172,6 +174,9 @@ class TrajectoryBuffer(RouterServer):
             self._send(self._producers, identity, reply)
         elif isinstance(message, StatsRequest):
             self._send(self._producers, identity, self._snapshot(message.seq))
+        elif isinstance(message, AbandonGroup):
+            self._abandon_group(message.producer, message.group_id, message.draw, DROP_ABANDONED,
+                                f"its producer gave group {message.group_id} up (an episode of it was dropped)")
         else:
             raise MessageError(REJECT_UNEXPECTED, f"{type(message).__name__} belongs on the learner endpoint")
 
@@ -183,7 +188,8 @@ class TrajectoryBuffer(RouterServer):
             samples = [self._stored(sample, frame) for sample, frame in pairs]
             ack_now = self._credit.check(identity, self._store.held_samples, len(samples), opens_group)
         except MessageError:
-            self._abandon_group(episode)
+            self._abandon_group(episode.producer, episode.group_id, episode.draw, DROP_REFUSED_EPISODE,
+                                f"an episode of group {episode.group_id} was refused")
             raise
         rewards = [sample.reward for sample, _ in pairs] + list(episode.frozen_rewards)  # every call's reward
         completed = self._store.add_episode(
@@ -230,20 +236,20 @@ class TrajectoryBuffer(RouterServer):
             self._draws.opened(draw, episode.group_id)
         return True
 
-    def _abandon_group(self, episode: EpisodeView) -> None:
-        """An episode was refused: its group can never complete, so drop what arrived of it (counted), refuse
-        the rest of it, and give its admission slot (and its draw) back now rather than after the incomplete
-        timeout."""
-        known = self._store.is_pending(episode.group_id) or self._store.is_closed(episode.group_id)
-        group = self._store.abandon_group(episode.group_id, DROP_REFUSED_EPISODE)
+    def _abandon_group(self, producer: str, group_id: str, draw: int, reason: str, why: str) -> None:
+        """A group can never complete (an episode of it was refused, or its producer gave it up): drop what
+        arrived of it (counted), refuse the rest of it, and give its admission slot (and its draw, to be drawn
+        again) back now rather than after the incomplete timeout."""
+        known = self._store.is_pending(group_id) or self._store.is_closed(group_id)
+        group = self._store.abandon_group(group_id, reason)
         if group is not None:
             self._admission.on_abandoned(group.leased)
-            self._draws.lost([group.draw], f"an episode of group {group.group_id} was refused", fault=True)
-        elif not known:  # the refused episode would have opened the group: return the unit leased for it
-            draw = self._admission.claim(episode.producer, episode.draw)
-            self._admission.on_abandoned(draw is not None)
-            if draw is not None:
-                self._draws.lost([draw], f"an episode of group {episode.group_id} was refused", fault=True)
+            self._draws.lost([group.draw], why, fault=True)
+        elif not known:  # nothing of it arrived: return the unit (and the draw) leased for it
+            claimed = self._admission.claim(producer, draw)
+            self._admission.on_abandoned(claimed is not None)
+            if claimed is not None:
+                self._draws.lost([claimed], why, fault=True)
 
     def _stored(self, sample: Union[Sample, SampleHeader], frame: FrameLike) -> StoredSample:
         """Check a sample against the agent -> model map and keep its routing fields."""

@@ -26,6 +26,7 @@ REFUSE_DRAW_MISMATCH = "draw_mismatch"
 DROP_INCOMPLETE = "incomplete_group"
 DROP_PRODUCER_GONE = "producer_gone"
 DROP_REFUSED_EPISODE = "refused_episode"  # a group one of whose episodes was refused can never complete
+DROP_ABANDONED = "abandoned_group"  # its producer gave it up: one of its episodes will never finish
 _CLOSED_COMPLETE = "complete"
 
 
@@ -320,7 +321,7 @@ class GroupStore:
         return abandoned
 
     def abandon_group(self, group_id: str, reason: str) -> Optional[AbandonedGroup]:
-        """Give up on a group that cannot complete (one of its episodes was refused): drop it if pending,
+        """Give up on a group that cannot complete (an episode refused, or given up by its producer): drop it if pending,
         and refuse its later episodes either way. Returns the dropped pending group, if there was one."""
         group = self._pending.get(group_id)
         if group is not None:

@@ -1,4 +1,4 @@
-"""`pipeline.restarts`: how often `drmas run` restarts a dead pipeline process (the policy: `drmas.launch.restarts`)."""
+"""`pipeline.restarts`: how often `drmas run` restarts a dead pipeline process (the policy: `drmas.runtime.restarts`)."""
 
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # models.<id>.device
 NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 PIPELINE_MODES = ("colocated", "async")
+HEAP_MMAP_THRESHOLD_MAX_KB = 32 * 1024  # models.<id>.heap_mmap_threshold_kb: glibc refuses above 32 MiB on 64-bit
 PRIME_SYSTEMS = ("math", "search", "code")  # models.<id>.tiny.prime_system (drmas/models/priming.py FORMATS)
 ADAPTER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # models.<id>.adapters keys (peft module keys, vLLM names)
 
@@ -142,6 +143,18 @@ class ModelConfig:
         False, "With adapters: every checkpoint also holds each adapter merged into the base, as a plain Hugging "
         "Face directory (<adapter>/merged/) that transformers and vLLM load without peft; a full model's disk per "
         "adapter and checkpoint.")
+    activation_checkpointing: bool = _f(
+        True, "Learner: recompute each decoder layer's activations (and the log-softmax of each chunk of "
+        "positions) in the backward pass instead of keeping them from the forward (PyTorch activation "
+        "checkpointing). Keeps the learner's memory near its weights, gradients and AdamW state (SmolLM2-135M, "
+        "8 samples of 280 tokens: 4 GB of activations per micro-batch without it) for about one more forward "
+        "pass per micro-batch. false: faster where memory is plentiful. Not applied to adapters' learners.")
+    heap_mmap_threshold_kb: int = _f(
+        1024, "Learner process (glibc): memory blocks of at least this many KiB get a mapping of their own, returned "
+        "to the system when freed, so the process's resident memory follows its live tensors (glibc's default "
+        "keeps freed training tensors in its heap: SmolLM2-135M's learner peaked 1.3-2.3 GB higher, see "
+        "docs/memory.md). Costs page faults, about a quarter more CPU per update on CPU. 0: glibc's default. "
+        "At most 32768; the MALLOC_MMAP_THRESHOLD_ environment variable, when set, wins.")
 
 
 @dataclass

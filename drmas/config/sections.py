@@ -36,8 +36,9 @@ class SystemSettings(_Named):
     (a system without settings of its own takes `system.name` alone)."""
 
     name: str = _f("math", "Registered multi-agent system (orchestra): built-in 'math' (solver/verifier), "
-                   "'math_revise' (solver, task-graded check, reviser only after a wrong answer) or 'search' "
-                   "(router/searcher/answerer); a plugin's systems are chosen the same way. The other system.* keys "
+                   "'math_revise' (solver, task-graded check, reviser only after a wrong answer), 'search' "
+                   "(router/searcher/answerer) or 'external' (an agent program of your own calling an OpenAI-compatible "
+                   "gateway, docs/gateway.md); a plugin's systems are chosen the same way. The other system.* keys "
                    "are that system's settings (`drmas config keys` lists them per system).")
 
 

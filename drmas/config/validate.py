@@ -18,6 +18,7 @@ from drmas.config.schema import (
     BUILTIN_MODELS,
     DEVICE_SPEC,
     DTYPES,
+    HEAP_MMAP_THRESHOLD_MAX_KB,
     NORMALIZATIONS,
     PIPELINE_MODES,
     PRIME_SYSTEMS,
@@ -66,6 +67,9 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
                           "parameters' dtype or a narrower one (set compute_dtype to the dtype, or dtype float32)")
         if m.collective_timeout_s <= 0:
             errors.append(f"{where}.collective_timeout_s: must be > 0, got {m.collective_timeout_s}")
+        if not 0 <= m.heap_mmap_threshold_kb <= HEAP_MMAP_THRESHOLD_MAX_KB:
+            errors.append(f"{where}.heap_mmap_threshold_kb: must be in [0, {HEAP_MMAP_THRESHOLD_MAX_KB}], got "
+                          f"{m.heap_mmap_threshold_kb}")
         if m.ranks < 1:
             errors.append(f"{where}.ranks: must be >= 1, got {m.ranks}")
         elif m.ranks > 1 and cfg.pipeline.mode != "async":

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
 def effective_temperature(temperature: float) -> float:
@@ -48,9 +49,11 @@ def padded_response_logprobs(
     `left_pad` makes it, responses right-aligned) -> the log-prob of every response token at its row's
     effective temperature.
 
-    Only the last ``max_response_len + 1`` positions go through the LM head, so memory is
-    ``rows x max_response_len x vocab`` floats, not the whole sequence. Gradients flow when grad mode is on.
-    Returns one float32 tensor of length ``response_lengths[row]`` per row, on the model's device.
+    Only the last ``max_response_len + 1`` positions go through the LM head, and the log-softmax over the
+    vocabulary runs over ``LOGSOFTMAX_CHUNK_BYTES`` of them at a time (`token_logprobs`), so the memory is the
+    head's ``rows x max_response_len x vocab`` logits and one chunk, not several whole copies of them.
+    Gradients flow when grad mode is on. Returns one float32 tensor of length ``response_lengths[row]`` per
+    row, on the model's device.
     """
     rows = ids.shape[0]
     if len(response_lengths) != rows or len(temperatures) != rows:
@@ -62,13 +65,51 @@ def padded_response_logprobs(
     ids = ids.to(device)
     out = model(input_ids=ids, attention_mask=mask.to(device), position_ids=positions.to(device), use_cache=False,
                 logits_to_keep=longest + 1)
-    logits = out.logits[:, :-1].float()  # kept column k predicts column k+1; the last predicts past the end
-    effective = [effective_temperature(t) for t in temperatures]
-    if any(t != 1.0 for t in effective):  # dividing by 1 is exact: skip a pass over rows x tokens x vocab
-        logits = logits / torch.tensor(effective, dtype=torch.float32, device=device).view(rows, 1, 1)
-    logp = torch.log_softmax(logits, dim=-1)
-    token_logp = logp.gather(-1, ids[:, -longest:].unsqueeze(-1)).squeeze(-1)  # responses are right-aligned
+    # kept column k predicts column k+1; the last predicts past the end (its target is a dummy, dropped below)
+    targets = torch.nn.functional.pad(ids[:, -longest:], (0, 1))
+    recompute = getattr(model, "is_gradient_checkpointing", False)  # models.<id>.activation_checkpointing
+    token_logp = token_logprobs(out.logits, targets, [effective_temperature(t) for t in temperatures],
+                                recompute)[:, :-1]
     return [token_logp[row, longest - n :] for row, n in enumerate(response_lengths)]
+
+
+LOGSOFTMAX_CHUNK_BYTES = 32 << 20  # float32 logits per log-softmax chunk: tens of MB, whatever the batch
+
+
+def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+    """log softmax(logits / temperature)[target] of each (position, vocabulary) row: the contract's definition."""
+    logits = logits.float()
+    if temperature is not None:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatures: Sequence[float],
+                   recompute: bool = True) -> torch.Tensor:
+    """``rows x positions`` log-probs of ``targets`` under ``logits`` (``rows x positions x vocab``) at each row's
+    temperature, computed over a few thousand positions at a time.
+
+    Why chunks: the log-softmax of all positions at once makes whole-size copies of the logits (float32 cast,
+    temperature, log-softmax output kept for the backward, and as many gradients), several times the logits
+    themselves. Per chunk, each piece is made, used and freed; with gradients each chunk is checkpointed, so
+    its log-softmax is recomputed in the backward instead of kept (``recompute``; `padded_response_logprobs`
+    recomputes when the model's layers do, i.e. with ``models.<id>.activation_checkpointing``). The values are
+    those of the whole-tensor computation: every position's log-softmax is computed alone either way."""
+    rows, width, vocab = logits.shape
+    flat, flat_targets = logits.reshape(rows * width, vocab), targets.reshape(rows * width)
+    temps = None
+    if any(t != 1.0 for t in temperatures):  # dividing by 1 is exact: skip a pass over the logits
+        temps = torch.tensor(temperatures, dtype=torch.float32, device=logits.device).repeat_interleave(width)[:, None]
+    step = max(1, LOGSOFTMAX_CHUNK_BYTES // (4 * vocab))
+    grad = recompute and torch.is_grad_enabled() and logits.requires_grad
+    pieces = []
+    for start, (part, part_targets) in enumerate(zip(flat.split(step), flat_targets.split(step))):
+        part_temps = None if temps is None else temps[start * step : start * step + len(part)]
+        if grad:
+            pieces.append(checkpoint(_chunk_logprobs, part, part_targets, part_temps, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(part, part_targets, part_temps))
+    return torch.cat(pieces).view(rows, width)
 
 
 def sequence_logprobs(

@@ -95,6 +95,7 @@ def _runner(cfg: DrmasConfig, task: Task, model_dirs: Optional[dict[str, Path]],
     try:
         yield runner
     finally:
+        assembly.close_orchestra(runner.orchestra)  # the external system's gateway and program stop here
         for engine in engines.values():
             if hasattr(engine, "close"):  # a vLLM engine holds its KV cache until shut down
                 engine.close()

@@ -206,7 +206,10 @@ def main(args: argparse.Namespace) -> int:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"drmas eval: {message}", file=sys.stderr)
         return 2
-    report = run_evaluation(ev)
+    try:
+        report = run_evaluation(ev)
+    finally:
+        assembly.close_orchestra(ev.runner.orchestra)  # the external system's gateway and program stop here
     outputs.print_report(report)
     return 0
 

@@ -15,7 +15,7 @@ endpoints are found; the rest is one policy, kept here so both behave alike:
   `eval.interval` the final version's interval evaluation is made then too (rollout 0 makes the others),
 * the buffer, one learner per trained model and `pipeline.num_rollouts` rollouts are started in that order,
   their output merged line by line behind a `[name]` prefix (each process also logs to its own directory),
-* a process that dies is restarted (`drmas.launch.restarts`: bounded, with backoff; a learner with
+* a process that dies is restarted (`drmas.runtime.restarts`: bounded, with backoff; a learner with
   `trainer.resume=true`, so it continues from its last checkpoint); the run ends when every learner has
   finished (0), when a process cannot be recovered (1: it refused its input, or used up its restarts; the
   launcher says which), or on SIGINT/SIGTERM (130): rollouts are stopped first (nothing new is generated),
@@ -39,7 +39,7 @@ from typing import Optional, TextIO
 from drmas import assembly
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
-from drmas.launch.restarts import RestartBook
+from drmas.runtime.restarts import RestartBook
 from drmas.runtime.process import StopFlag
 
 STOP_GRACE_S = 60.0

@@ -13,7 +13,15 @@ than one per episode.
 
 An agent turn is answered by an LLM, or by code when the agent's role is scripted (`ScriptedRole`, e.g. an
 environment): the orchestra yields the same `AgentTurn` either way, so which agents are models is the
-config's choice. A scripted turn makes no sample.
+config's choice. A scripted turn makes no sample. A turn the engine cannot take (its prompt too long for the
+model, messages its chat template refuses) is thrown into the episode at its `yield` as that exception: an
+orchestra whose turns come from outside (the external system's gateway) catches it and reports it there;
+any other lets it end the run, as a bug.
+
+A tool may also answer `PENDING` for a request whose result is not there yet because it comes from outside the
+driver (an agent program calling over HTTP): the episode keeps waiting on it and is asked again next round.
+Such a tool has `wait_for_answers(requests)`, which the driver calls when no engine has work, to sleep until
+one of those requests can be answered (or a short while).
 
 Rewards: `EpisodeOutcome.reward` is the episode's task reward (what held-out evaluation reports as accuracy)
 and, unless the orchestra says otherwise, every turn's reward. An orchestra may reward turns differently
@@ -38,6 +46,29 @@ class AgentTurn:
     agent: str
     messages: list[dict]  # [{"role": "system"|"user"|"assistant", "content": str}, ...]
     state: Any = None  # for a scripted agent: what the orchestra hands it besides the messages (never sent to a model)
+    # this turn's sampling over the agent's configured one: temperature, top_p, seed replace it, stop strings are
+    # added to it, max_new_tokens is capped by it (the gateway: what an HTTP request asked for)
+    sampling: Optional[Mapping[str, Any]] = None
+    detailed: bool = False  # send back a `Reply` (text, token counts, finish reason, version) instead of the text
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a turn asked with `detailed=True` is sent back: the text and what an API reply reports of it."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    version: int  # the weight version that generated it
+
+
+class _Pending:
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+PENDING: Any = _Pending()  # a tool's answer for a request whose result is not there yet (see the module docstring)
 
 
 @dataclass
@@ -53,8 +84,9 @@ class Tool(Protocol):
     """Something an orchestra's episodes call between agent turns, batched across episodes by the driver."""
 
     def call_batch(self, requests: Sequence[Any]) -> list[Any]:
-        """One result per request, in order. An exception ends the driver's run, so a tool that can
-        recover from a failure (e.g. by retrying) does so itself."""
+        """One result per request, in order (`PENDING` for one not answerable yet, see the module docstring).
+        An exception ends the driver's run, so a tool that can recover from a failure (e.g. by retrying) does
+        so itself."""
         ...
 
 
@@ -78,6 +110,9 @@ class EpisodeOutcome:
     info: dict = field(default_factory=dict)  # orchestra statistics (rounds used, approvals, ...)
     turn_rewards: Optional[list[Optional[float]]] = None  # one per turn (None entries: fall back, see above)
     agent_rewards: Optional[dict[str, float]] = None  # agent name (not role) -> the reward of its turns
+    # why the episode did not finish (an agent program never reported its reward): it makes no samples, and its
+    # GRPO group cannot complete, so the whole group is dropped like any incomplete one
+    dropped: str = ""
 
     def turn_reward(self, index: int) -> float:
         """The reward of turn `index` before the format penalty: turn_rewards, else agent_rewards, else reward."""

@@ -35,6 +35,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from drmas.retrieval.base import Retriever
+from drmas.runtime.http import RequestError, read_body
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +71,6 @@ class RetrieveRequest(msgspec.Struct):
     return_scores: bool = False
 
 
-class RequestError(ValueError):
-    """A request the server refuses, with the HTTP status to answer."""
-
-    def __init__(self, status: HTTPStatus, message: str):
-        super().__init__(message)
-        self.status = status
-
-
 def decode_request(body: bytes, limits: ApiLimits) -> RetrieveRequest:
     """Strictly decode and check a /retrieve body; RequestError(400) names the problem."""
     try:
@@ -93,20 +86,6 @@ def decode_request(body: bytes, limits: ApiLimits) -> RetrieveRequest:
         raise RequestError(HTTPStatus.BAD_REQUEST,
                            f"invalid request: {len(req.queries)} queries, at most {limits.max_queries} per request")
     return req
-
-
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The whole body, refused with 413 past `max_bytes`: on Content-Length before reading, else while streaming."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > max_bytes:  # h11 has already checked its syntax
-        raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body of {length} bytes, at most {max_bytes}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_bytes:
-            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                               f"request body of more than {max_bytes} bytes, at most {max_bytes}")
-    return bytes(body)
 
 
 def build_app(retriever: Retriever, limits: ApiLimits, executor: Executor) -> Starlette:

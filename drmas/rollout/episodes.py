@@ -11,6 +11,14 @@ restores rounds for every engine (each step waits for all submitted turns), for 
 a scripted agent (`AgentSpec.script`: its role computes its turns) is answered at once, in the episode's
 own step, and makes no sample.
 
+Episodes whose turns come from outside (the external system: an agent program calling the rollout's HTTP
+gateway) wait on a tool that answers `PENDING` until the program's next call arrives. When no engine has work
+the runner sleeps in that tool's `wait_for_answers` instead of spinning, and a batching engine is stepped only
+once the calls of the episodes it just answered are back (that method gathers them), so HTTP calls share
+engine steps the way in-process turns do. A turn may carry its own sampling (`AgentTurn.sampling`, e.g. an HTTP
+request's max_tokens and stop strings) and ask for a detailed `Reply`; a turn the engine refuses (too long, a
+chat template error) is thrown into its episode.
+
 The result is one `Sample` per agent call of a model, rewards filled in: each turn's reward as the outcome
 gives it (`EpisodeOutcome.turn_reward`: per turn, per agent or the episode's), minus the format penalty. `run` drives a fixed set of episodes to their
 end (training steps, evaluation). `stream` keeps a rollout process busy instead: before every step it asks
@@ -26,11 +34,11 @@ counting one of them touches only its own requests on that engine.
 
 A failing plugin costs only its episode: an exception from the orchestra's generator (or a turn it yields
 for an unknown agent or tool, or an outcome that cannot be trained on), from a scripted agent, or from a
-tool's `call_batch` drops the episode with one log line naming the plugin, the episode and the exception
-(`EpisodeFailure`), counts it (`failed`) and hands it to `on_failure`; the other episodes go on. A tool's
-batch that raises is retried one request at a time, so only the episodes whose own request raises are
-dropped. `max_consecutive_failures` in a row raise `EpisodeFailures` (`drmas.rollout.failures`). Exceptions
-from the caller's callbacks and from the engines are not plugin failures: they end the stream as before.
+tool's `call_batch` ends the episode as dropped (`EpisodeOutcome.dropped`, the result's `failure` says which
+plugin raised what), logged once and counted (`failed`); the other episodes go on. A tool's batch that raises
+is retried one request at a time, so only the episodes whose own request raises are dropped.
+`max_consecutive_failures` in a row raise `EpisodeFailures` (`drmas.rollout.failures`). Exceptions from the
+caller's callbacks and from the engines are not plugin failures: they end the stream as before.
 """
 
 from __future__ import annotations
@@ -44,8 +52,8 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from drmas.core.sample import Sample
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
-from drmas.mas.base import AgentTurn, EpisodeOutcome, Orchestra, ToolCall
-from drmas.rollout.failures import EpisodeFailure, FailureBook, Dropped
+from drmas.mas.base import PENDING, AgentTurn, EpisodeOutcome, Orchestra, Reply, ToolCall
+from drmas.rollout.failures import EpisodeFailure, FailureBook, ToolFailed, call_isolated
 from drmas.tasks.base import Problem
 
 
@@ -83,12 +91,12 @@ class EpisodeResult:
     request: EpisodeRequest
     outcome: EpisodeOutcome
     samples: list[Sample] = field(default_factory=list)
-    failure: Optional[EpisodeFailure] = None  # set (by `run`) when a plugin failed and the episode was dropped
+    failure: Optional[EpisodeFailure] = None  # a plugin failed: the episode was dropped (`outcome.dropped`)
 
     @classmethod
-    def dropped(cls, failure: EpisodeFailure) -> EpisodeResult:
-        """A dropped episode as a result: no samples, reward 0, no turns (an evaluation counts it wrong)."""
-        return cls(failure.request, EpisodeOutcome(reward=0.0, turns=[]), failure=failure)
+    def failed(cls, failure: EpisodeFailure) -> EpisodeResult:
+        """A dropped episode: no samples, reward 0, no turns (an evaluation counts it wrong)."""
+        return cls(failure.request, EpisodeOutcome(reward=0.0, turns=[], dropped=failure.describe()), failure=failure)
 
 
 @dataclass
@@ -97,6 +105,7 @@ class _Call:
     model: str
     prompt_ids: list[int]
     generation: Optional[Generation]  # None: a scripted agent's turn (no sample)
+    temperature: float = 1.0  # what the response was sampled at (the learner recomputes log-probs at it)
 
 
 @dataclass
@@ -107,6 +116,7 @@ class _Live:
     calls: list[_Call] = field(default_factory=list)
     submitted: str = ""  # the engine request id of `turn` while it runs
     prompt_ids: list[int] = field(default_factory=list)  # of `turn`, once submitted
+    params: Optional[SamplingParams] = None  # of `turn`, once submitted
 
     @property
     def request_id(self) -> str:
@@ -150,7 +160,6 @@ class EpisodeRunner:
         self.on_round = on_round
         self.barrier = barrier
         self.failures = FailureBook(max_consecutive_failures)
-        self._on_failure: Callable[[EpisodeFailure], None] = lambda _failure: None
         self._requests = {key: request_level(engine) for key, engine in engines.items()}
         self._engine_of = {spec.model: spec.engine_key for spec in agents.values() if spec.script is None}
         # models that share their engine with other models: their own requests are counted apart
@@ -161,13 +170,8 @@ class EpisodeRunner:
         self._running: dict[str, _Live] = {}  # engine request id -> episode
 
     def run(self, requests: Sequence[EpisodeRequest]) -> list[EpisodeResult]:
-        """Run every episode to its end; results come back in request order. A dropped episode (a plugin
-        failed) comes back too, `failure` set, with no samples and an outcome of reward 0 and no turns."""
+        """Run every episode to its end; results come back in request order."""
         results: dict[str, EpisodeResult] = {}
-
-        def failed(failure: EpisodeFailure) -> None:
-            results[failure.request.episode_id] = EpisodeResult.dropped(failure)
-
         queued: list[EpisodeRequest] | None = list(requests)
 
         def admit(_live: int) -> list[EpisodeRequest] | None:
@@ -175,26 +179,31 @@ class EpisodeRunner:
             batch, queued = queued, None
             return batch
 
-        self.stream(admit, lambda result: results.__setitem__(result.request.episode_id, result), failed)
+        self.stream(admit, lambda result: results.__setitem__(result.request.episode_id, result))
         return [results[req.episode_id] for req in requests]
 
     def stream(
         self,
         admit: Callable[[int], Optional[Sequence[EpisodeRequest]]],
         on_result: Callable[[EpisodeResult], None],
-        on_failure: Optional[Callable[[EpisodeFailure], None]] = None,
     ) -> None:
         """Run episodes as they are admitted until `admit` says there will be no more and all have ended.
 
         Before every engine step `admit(number of live episodes)` returns the episodes to start now
         (possibly none), or None once no more will come. When nothing is live, `admit` is called again at
         once, so it should wait a little itself rather than return an empty list immediately. Every finished
-        episode goes to `on_result` as soon as it ends, every dropped one (a plugin failed) to `on_failure`.
-        An exception from a callback (or `on_round`), or `EpisodeFailures`, ends the stream; episodes still
-        live are then abandoned (and their running requests aborted).
+        episode goes to `on_result` as soon as it ends (a dropped one too: `outcome.dropped`). An exception from
+        either callback (or `on_round`), or `EpisodeFailures`, ends the stream; episodes still live are then
+        abandoned (and their running requests aborted).
         """
         self._waiting, self._running, self._held = [], {}, set()
-        self._on_failure = on_failure or (lambda _failure: None)
+        ended = 0
+
+        def finished(result: EpisodeResult) -> None:
+            nonlocal ended
+            ended += 1
+            on_result(result)
+
         more = True
         try:
             while more or self._waiting or self._running:
@@ -202,14 +211,19 @@ class EpisodeRunner:
                     new = admit(self.live)
                     more = new is not None
                     for req in new or ():
-                        self._start(req, on_result)
+                        self._start(req, finished)
                 if not self.live:
                     continue
-                self._waiting = self._call_tools(self._waiting, on_result)
-                self._submit_waiting()
+                if not self._running:  # engines idle: let outside answers gather before the next step
+                    self._wait_outside()
+                before = ended
+                self._waiting = self._call_tools(self._waiting, finished)
+                if more and ended > before and not self._running:
+                    continue  # episodes ended on a tool's answer: start their successors in this step, not the next
+                self._submit_waiting(finished)
                 if self.on_round is not None:
                     self.on_round()
-                self._step_engines(on_result)
+                self._step_engines(finished)
         finally:
             for key, engine in self._requests.items():
                 running = [rid for rid, item in self._running.items() if self._engine_key(item) == key]
@@ -221,7 +235,7 @@ class EpisodeRunner:
         try:
             episode = self.orchestra.run(req.problem)
         except Exception as exc:
-            self._drop(EpisodeFailure(req, "orchestra", self._orchestra_name, "start", exc))
+            self._drop(EpisodeFailure(req, "orchestra", self._orchestra_name, "start", exc), on_result)
             return
         self._advance(_Live(req, episode, turn=None), None, self._waiting, on_result)  # type: ignore[arg-type]
 
@@ -229,10 +243,10 @@ class EpisodeRunner:
     def _orchestra_name(self) -> str:
         return str(getattr(self.orchestra, "name", "") or type(self.orchestra).__name__)
 
-    def _drop(self, failure: EpisodeFailure) -> None:
+    def _drop(self, failure: EpisodeFailure, on_result: Callable[[EpisodeResult], None]) -> None:
         """Log and count a dropped episode (too many in a row raise `EpisodeFailures`), then hand it over."""
         self.failures.dropped(failure)
-        self._on_failure(failure)
+        on_result(EpisodeResult.failed(failure))
 
     def _finished(self, item: _Live, outcome: object, on_result: Callable[[EpisodeResult], None]) -> None:
         try:
@@ -240,9 +254,10 @@ class EpisodeRunner:
                 raise TypeError(f"the episode returned {type(outcome).__name__}, not an EpisodeOutcome")
             samples = self._samples(item, outcome)
         except Exception as exc:
-            self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, "outcome", exc))
+            self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, "outcome", exc), on_result)
             return
-        self.failures.succeeded()
+        if not outcome.dropped:
+            self.failures.succeeded()
         on_result(EpisodeResult(item.request, outcome, samples))
 
     @property
@@ -292,10 +307,14 @@ class EpisodeRunner:
     def _specs(self, item: _Live) -> Mapping[str, AgentSpec]:
         return item.request.agents or self.agents
 
-    def _submit_waiting(self) -> None:
-        """Submit every waiting agent turn whose engine is not held."""
-        still_waiting = []
+    def _submit_waiting(self, on_result: Callable[[EpisodeResult], None]) -> None:
+        """Submit every waiting agent turn whose engine is not held; a turn the engine refuses (or whose
+        messages cannot be encoded) is thrown into its episode."""
+        still_waiting: list[_Live] = []
         for item in self._waiting:
+            if isinstance(item.turn, ToolCall):  # waits on a tool answer that is not there yet
+                still_waiting.append(item)
+                continue
             model = self._model_of(item)
             if model in self._held:
                 still_waiting.append(item)
@@ -303,14 +322,12 @@ class EpisodeRunner:
             key = self._engine_key(item)
             try:
                 prompt = self._encode(self.engines[key], item.turn)
-            except Exception as exc:  # messages the chat template cannot take: the orchestra's turn is malformed
-                self._close(item)
-                self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name,
-                                          f"agent {item.turn.agent!r}", exc))
+                params = self._sampling(item)
+                self._requests[key].submit(item.request_id, prompt, params)
+            except Exception as exc:
+                self._advance(item, None, still_waiting, on_result, error=exc)
                 continue
-            item.submitted = item.request_id
-            item.prompt_ids = prompt
-            self._requests[key].submit(item.submitted, prompt, self._sampling(item))
+            item.submitted, item.prompt_ids, item.params = item.request_id, prompt, params
             self._running[item.submitted] = item
         self._waiting = still_waiting
 
@@ -327,13 +344,20 @@ class EpisodeRunner:
             if not self.barrier or not self._running:
                 break
         for item, model, generation in finished:
-            item.calls.append(_Call(item.turn.agent, model, item.prompt_ids, generation))
+            turn: AgentTurn = item.turn  # type: ignore[assignment]
+            item.calls.append(_Call(turn.agent, model, item.prompt_ids, generation, item.params.temperature))
             item.submitted = ""
-            self._advance(item, generation.text, self._waiting, on_result)
+            reply: object = generation.text
+            if turn.detailed:
+                reply = Reply(generation.text, len(item.prompt_ids), len(generation.token_ids),
+                              generation.finish_reason, generation.version)
+            self._advance(item, reply, self._waiting, on_result)
 
     def _call_tools(self, live: list[_Live], on_result: Callable[[EpisodeResult], None]) -> list[_Live]:
         """Answer every pending tool call, one batched call per tool, until each live episode waits on an
-        agent turn (an episode may call tools several times in a row); returns the episodes still live."""
+        agent turn (an episode may call tools several times in a row) or on an answer not there yet (PENDING:
+        asked again next round); returns the episodes still live."""
+        pending: list[_Live] = []
         while True:
             by_tool: dict[str, list[_Live]] = defaultdict(list)
             ready: list[_Live] = []
@@ -343,44 +367,47 @@ class EpisodeRunner:
                 else:
                     ready.append(item)
             if not by_tool:
-                return live
+                return live + pending
             for tool, items in by_tool.items():
-                for item, result in self._tool_results(tool, items):
-                    self._advance(item, result, ready, on_result)
+                for item, result in self._tool_results(tool, items, on_result):
+                    if result is PENDING:
+                        pending.append(item)
+                    else:
+                        self._advance(item, result, ready, on_result)
             live = ready
 
-    def _tool_results(self, tool: str, items: list[_Live]) -> list[tuple[_Live, object]]:
-        """One batched call of `tool` for `items`. If it raises, each request is retried alone and only the
-        episodes whose own request raises are dropped; a wrong number of results drops the whole batch."""
-        try:
-            return self._call_tool(tool, items)
-        except Dropped as dropped:
-            if len(items) == 1 or dropped.failure.at == "results":
-                for item in items:
-                    self._drop(dataclasses.replace(dropped.failure, request=item.request))
-                return []
+    def _tool_results(self, tool: str, items: list[_Live], on_result: Callable[[EpisodeResult], None]
+                      ) -> list[tuple[_Live, object]]:
+        """One batched call of `tool` for `items`; the episodes whose request it fails on are dropped."""
+        results = call_isolated(tool, self.tools[tool].call_batch, [item.turn.request for item in items])
         answered = []
-        for item in items:
-            try:
-                answered += self._call_tool(tool, [item])
-            except Dropped as dropped:
-                self._drop(dropped.failure)
+        for item, result in zip(items, results):
+            if isinstance(result, ToolFailed):
+                self._close(item)
+                self._drop(EpisodeFailure(item.request, "tool", tool, result.at, result.error), on_result)
+            else:
+                answered.append((item, result))
         return answered
 
-    def _call_tool(self, tool: str, items: list[_Live]) -> list[tuple[_Live, object]]:
-        where = items[0].request
-        try:
-            results = list(self.tools[tool].call_batch([item.turn.request for item in items]))
-        except Exception as exc:
-            raise Dropped(EpisodeFailure(where, "tool", tool, "call_batch", exc)) from exc
-        if len(results) != len(items):
-            error = RuntimeError(f"tool {tool!r} returned {len(results)} results for {len(items)} requests")
-            raise Dropped(EpisodeFailure(where, "tool", tool, "results", error))
-        return list(zip(items, results))
+    def _wait_outside(self) -> None:
+        """Sleep in the `wait_for_answers` of each tool whose answers come from outside (see the module
+        docstring); returns at once when no episode waits on one."""
+        by_tool: dict[str, list[object]] = defaultdict(list)
+        for item in self._waiting:
+            if isinstance(item.turn, ToolCall):
+                by_tool[item.turn.tool].append(item.turn.request)
+        for tool, requests in by_tool.items():
+            wait = getattr(self.tools[tool], "wait_for_answers", None)
+            if wait is not None:
+                wait(requests)
 
     def _sampling(self, item: _Live) -> SamplingParams:
+        """The agent's sampling, under the turn's own (`AgentTurn.sampling`), seeded per call with `seed`."""
         params = self._specs(item)[item.turn.agent].sampling
-        if self.seed is None:
+        own = dict(item.turn.sampling or {})
+        if own:
+            params = _overridden(params, own)
+        if self.seed is None or own.get("seed") is not None:
             return params
         key = f"{self.seed}:{item.request.episode_id}:{len(item.calls)}".encode()
         return dataclasses.replace(params, seed=zlib.crc32(key))
@@ -393,13 +420,18 @@ class EpisodeRunner:
         return [int(t) for t in ids]
 
     def _advance(
-        self, item: _Live, response: object, live: list[_Live], on_result: Callable[[EpisodeResult], None]
+        self, item: _Live, response: object, live: list[_Live], on_result: Callable[[EpisodeResult], None],
+        error: Optional[Exception] = None,
     ) -> None:
-        """Send the response or tool result (None to start) and either queue what the episode asks for
-        next or finish the episode. Scripted agents' turns are answered here, as they come."""
+        """Send the response or tool result (None to start; or throw `error`, a turn the engine refused) and
+        either queue what the episode asks for next or finish the episode. Scripted agents' turns are answered
+        here, as they come."""
         while True:
             try:
-                item.turn = item.episode.send(response)  # type: ignore[attr-defined]
+                if error is not None:
+                    item.turn, error = item.episode.throw(error), None  # type: ignore[attr-defined]
+                else:
+                    item.turn = item.episode.send(response)  # type: ignore[attr-defined]
                 self._check_turn(item.turn)
             except StopIteration as stop:
                 self._finished(item, stop.value, on_result)
@@ -408,14 +440,14 @@ class EpisodeRunner:
                 at = f"agent {item.turn.agent!r}" if isinstance(item.turn, AgentTurn) else (
                     f"tool {item.turn.tool!r}" if isinstance(item.turn, ToolCall) else "")
                 self._close(item)
-                self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, at, exc))
+                self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, at, exc), on_result)
                 return
             if isinstance(item.turn, AgentTurn) and self._specs(item)[item.turn.agent].script is not None:
                 try:
                     response = self._scripted(item)
                 except Exception as exc:
                     self._close(item)
-                    self._drop(EpisodeFailure(item.request, "scripted agent", item.turn.agent, "", exc))
+                    self._drop(EpisodeFailure(item.request, "scripted agent", item.turn.agent, "", exc), on_result)
                     return
                 continue
             live.append(item)
@@ -449,6 +481,8 @@ class EpisodeRunner:
         return text
 
     def _samples(self, item: _Live, outcome: EpisodeOutcome) -> list[Sample]:
+        if outcome.dropped:
+            return []  # never finished: nothing of it is trained on (its group is dropped as incomplete)
         if len(outcome.turns) != len(item.calls):
             raise RuntimeError(
                 f"orchestra reported {len(outcome.turns)} turns for {len(item.calls)} calls in episode "
@@ -472,7 +506,7 @@ class EpisodeRunner:
                     behaviour_logprobs=call.generation.logprobs,
                     policy_version=call.generation.version,
                     policy_incarnation=call.generation.incarnation,
-                    temperature=self._specs(item)[call.agent].sampling.temperature,
+                    temperature=call.temperature,
                     valid=turn.valid,
                     reward=reward,
                     episode_reward=outcome.reward,
@@ -502,3 +536,20 @@ class EpisodeRunner:
                                    f"({outcome.turns[index].agent}) in {where}")
             rewards.append(value)
         return rewards
+
+
+_OVERRIDABLE = ("temperature", "top_p", "max_new_tokens", "stop", "seed")
+
+
+def _overridden(params: SamplingParams, own: Mapping[str, object]) -> SamplingParams:
+    """`params` under a turn's own sampling: temperature, top_p and seed replace, stop strings add, and
+    max_new_tokens is capped by the agent's (the config bounds every response)."""
+    unknown = sorted(set(own) - set(_OVERRIDABLE))
+    if unknown:
+        raise ValueError(f"AgentTurn.sampling: unknown keys {unknown} (known: {', '.join(_OVERRIDABLE)})")
+    changes = {key: own[key] for key in ("temperature", "top_p", "seed") if own.get(key) is not None}
+    if own.get("max_new_tokens") is not None:
+        changes["max_new_tokens"] = min(int(own["max_new_tokens"]), params.max_new_tokens)  # type: ignore[arg-type]
+    if own.get("stop"):
+        changes["stop"] = tuple(dict.fromkeys([*params.stop, *own["stop"]]))  # type: ignore[misc]
+    return dataclasses.replace(params, **changes)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:
     from drmas.rollout.episodes import EpisodeRequest
@@ -42,12 +42,28 @@ class EpisodeFailures(RuntimeError):
     """Every recent episode failed: a systematic bug in a plugin, not a bad input; the process stops."""
 
 
-class Dropped(Exception):
-    """Raised inside the runner where a plugin failed for an episode; carries the `EpisodeFailure`."""
+@dataclass(frozen=True)
+class ToolFailed:
+    """What `call_isolated` returns in place of the result of a request the tool failed on."""
 
-    def __init__(self, failure: EpisodeFailure) -> None:
-        super().__init__(failure.describe())
-        self.failure = failure
+    at: str  # "call_batch" (it raised) or "results" (a wrong number of them)
+    error: BaseException
+
+
+def call_isolated(tool: str, call_batch: Callable[[list], Sequence], requests: list) -> list:
+    """`call_batch(requests)`, one result per request; if it raises, each request is tried alone, so that
+    only the requests that raise get a `ToolFailed`. A wrong number of results fails the whole batch (which
+    result belongs to which request is unknown)."""
+    try:
+        results = list(call_batch(requests))
+    except Exception as exc:
+        if len(requests) == 1:
+            return [ToolFailed("call_batch", exc)]
+        return [result for request in requests for result in call_isolated(tool, call_batch, [request])]
+    if len(results) != len(requests):
+        error = RuntimeError(f"tool {tool!r} returned {len(results)} results for {len(requests)} requests")
+        return [ToolFailed("results", error)] * len(requests)
+    return results
 
 
 class FailureBook:

@@ -20,7 +20,9 @@ One `EpisodeRunner.stream` runs for the life of the process. Before every engine
 
 A finished episode goes to the buffer at once with the samples of trained agents only (nothing else would
 ever leave the buffer) and the rewards of the other calls (frozen agents), which still count in the episode's
-trajectory score and its group's pooled rewards, as they do in the colocated loop. While the buffer withholds
+trajectory score and its group's pooled rewards, as they do in the colocated loop. An episode that was dropped
+(an external program never reported it) abandons its group: the buffer drops what arrived of it and returns its
+admission slot and its draw (drawn again) at once, and its other episodes are not sent. While the buffer withholds
 credit the loop keeps taking weight pushes (aborting running requests if it must), so a full buffer never
 stalls a learner's push.
 
@@ -48,7 +50,6 @@ from drmas import assembly
 from drmas.buffer import BufferProducer
 from drmas.config.schema import DrmasConfig
 from drmas.rollout.episodes import EpisodeRequest, EpisodeResult, EpisodeRunner
-from drmas.rollout.failures import EpisodeFailure
 from drmas.rollout.evaluations import StreamEvaluations
 from drmas.runtime.endpoints import learner_endpoint
 from drmas.runtime.metrics import MetricsWriter
@@ -122,20 +123,19 @@ class RolloutWorker:
         # the buffer keys leases and unfinished groups by producer: a restarted rollout of the same index must
         # not inherit (and keep alive with its heartbeats) what its dead predecessor held
         self.producer = BufferProducer.from_config(cfg.pipeline.buffer, f"{self.name}-{self.incarnation}")
-        orchestra = assembly.build_orchestra(cfg, task)
-        self.runner = EpisodeRunner(orchestra, self.engines, assembly.agent_specs(cfg),
+        self.orchestra = assembly.build_orchestra(cfg, task)
+        self.runner = EpisodeRunner(self.orchestra, self.engines, assembly.agent_specs(cfg),
                                     cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds,
                                     max_consecutive_failures=cfg.rollout.max_consecutive_episode_failures)
         self.group_size = cfg.rollout.group_size
         self.target_groups = groups_in_flight(cfg, len(self.engines))
         self.samples_made = 0  # every sample generated, evaluation episodes' included
-        self.evaluations = (StreamEvaluations(cfg, task, orchestra.agents, self.target_groups)
+        self.evaluations = (StreamEvaluations(cfg, task, self.orchestra.agents, self.target_groups)
                             if cfg.eval.interval and index == 0 else None)
         self.open_groups: dict[str, _OpenGroup] = {}
-        # groups of a buffer that restarted, or with an episode a plugin failed: their episodes are not sent
-        self.abandoned: set[str] = set()
+        self.abandoned: set[str] = set()  # open groups not to send (a dropped episode; a buffer that restarted)
         self.abandoned_groups = 0
-        self.failed_groups = 0
+        self.dropped_episodes = 0
         self._buffer_restarts = 0
         self._deferred: list[int] = []  # granted draws held back (see `_ahead_of_learners`)
         self._holding = False
@@ -154,10 +154,11 @@ class RolloutWorker:
         try:
             self._wait_for_weights()
             self.meter.reset()
-            self.runner.stream(self._admit, self._publish, self._dropped)
+            self.runner.stream(self._admit, self._publish)
         except _Stopped:
             pass
         finally:
+            assembly.close_orchestra(self.orchestra)
             self._report()
             self.writer.close()
             if self.evaluations is not None:
@@ -271,7 +272,10 @@ class RolloutWorker:
         group.remaining -= 1
         if group.remaining == 0:
             del self.open_groups[group_id]
-        self.meter.episodes += 1
+        if result.outcome.dropped:
+            self._drop(result, group_id, group)
+        else:
+            self.meter.episodes += 1
         if self._abandoned(group_id, group):
             return
         samples = [s for s in result.samples if s.agent in self.trained_agents]
@@ -297,31 +301,26 @@ class RolloutWorker:
         for rejection in self.producer.pop_rejections():
             self.rejected[rejection.reason] += 1
 
-    def _dropped(self, failure: EpisodeFailure) -> None:
-        """An episode a plugin failed (logged and counted by the runner). An evaluation episode counts as wrong.
-        A training episode's group can never complete: it is abandoned (its later episodes are not sent), and
-        the buffer drops what arrived of it after `pipeline.buffer.incomplete_timeout_s` (if nothing arrived,
-        its lease returns after `pipeline.buffer.lease_timeout_s`); either way its draw is drawn again."""
-        if self.evaluations is not None and self.evaluations.take(EpisodeResult.dropped(failure)):
-            return
-        group_id = failure.request.group_id
-        group = self.open_groups[group_id]
-        if group_id not in self.abandoned:
-            self.abandoned.add(group_id)
-            self.failed_groups += 1
-        group.remaining -= 1
-        if group.remaining == 0:
-            del self.open_groups[group_id]
-            self.abandoned.discard(group_id)
-
     def _abandoned(self, group_id: str, group: _OpenGroup) -> bool:
-        """Whether `group_id` came from the grant of a buffer that has since restarted (then it is not sent)."""
+        """Whether `group_id` is not to be sent: it had a dropped episode, or came from the grant of a buffer that
+        has since restarted."""
         self._check_buffer_restart()
         if group_id not in self.abandoned:
             return False
         if group.remaining == 0:
             self.abandoned.discard(group_id)
         return True
+
+    def _drop(self, result: EpisodeResult, group_id: str, group: _OpenGroup) -> None:
+        """A dropped episode: its group cannot complete. The buffer is told once (it drops what arrived of the
+        group and draws its draw again); the group's other episodes are not sent."""
+        self.dropped_episodes += 1
+        if result.failure is None:  # a plugin's failure was logged by the runner already
+            log.warning("episode %s dropped: %s", result.request.episode_id, result.outcome.dropped)
+        self._check_buffer_restart()  # a group of a dead buffer's grant is not the new buffer's to drop
+        if group_id not in self.abandoned:
+            self.producer.abandon_group(group_id, group.draw)
+            self.abandoned.add(group_id)
 
     def _poll_weights(self, can_wait: bool = False) -> None:
         """Load announced weights into idle engines. An engine with requests in progress is held until they
@@ -354,9 +353,10 @@ class RolloutWorker:
             **{f"rollout/rejected/{reason}": float(n) for reason, n in self.rejected.items()},
             "rollout/buffer_restarts": float(self.producer.buffer_restarts),
             "rollout/lost_episodes": float(self.producer.lost_episodes),
+            "rollout/dropped_episodes": float(self.dropped_episodes),
             "rollout/episodes_failed": float(self.runner.failed),
-            "rollout/groups_dropped": float(self.failed_groups),
             "rollout/samples_made": float(self.samples_made),
+            **(self.orchestra.metrics() if hasattr(self.orchestra, "metrics") else {}),
         }
         if self.evaluations is not None:
             scalars["rollout/eval_samples"] = float(self.evaluations.samples)

@@ -5,7 +5,8 @@ from its checkpoint, clients ride out a buffer restart), so a launcher restarts 
 stopping everything. Restarts are bounded per process (`max_restarts`), spaced by a doubling backoff (a
 process that dies at once does not spin), and never attempted for a process that refused its input (exit
 code 2: a config error or a bad path fails the same way every time). A learner that exits 0 has finished.
-Any launcher (local processes today, Ray actors later) applies the same policy.
+Every launcher (local processes, Ray actors) applies the same policy, and so does a rollout to the agent program
+it runs for the external system (`drmas.gateway.program`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ class Decision:
 class RestartBook:
     """Counts the restarts of every process and decides about the next one."""
 
-    def __init__(self, config: RestartConfig) -> None:
-        config.validate("pipeline.restarts")
-        self.config = config
+    def __init__(self, config: RestartConfig, where: str = "pipeline.restarts") -> None:
+        """`where`: the config section `config` was read from, named in the messages."""
+        config.validate(where)
+        self.config, self.where = config, where
         self.restarts: dict[str, int] = {}
 
     def after_exit(self, name: str, exit_code: Optional[int]) -> Decision:
@@ -44,7 +46,7 @@ class RestartBook:
                                        "the same way; see its message above")
         if done >= self.config.max_restarts:
             return Decision(False, why=f"{name} exited with code {exit_code} after {done} restarts "
-                                       f"(pipeline.restarts.max_restarts={self.config.max_restarts})")
+                                       f"({self.where}.max_restarts={self.config.max_restarts})")
         self.restarts[name] = done + 1
         delay = min(self.config.backoff_s * 2**done, self.config.max_backoff_s)
         return Decision(True, delay_s=delay, attempt=done + 1)

@@ -1,0 +1,267 @@
+"""The wire format of the gateway: OpenAI chat completions and models, and drmas' episode endpoints.
+
+Requests are decoded strictly (msgspec) and checked here, replies built here, and every refusal is an
+`ApiError`, which the app answers with OpenAI's error object, `{"error": {"message", "type", "param", "code"}}`,
+and the status an OpenAI client expects (400 bad request, 401 bad key, 404 unknown model or episode, 410 an
+episode that has ended or was dropped, 413 body too large, 503 nothing to hand out / stopping). No sockets
+here (`drmas.gateway.app`), no episode state (`drmas.gateway.inbox`).
+
+What a chat completion honours: `messages` (system, developer = system, user, assistant; text content, as a
+string or text parts), `max_tokens` / `max_completion_tokens` (capped by the agent's `max_new_tokens`), `stop`
+(up to 4 strings; cut from the returned content, as OpenAI does), `n` (up to `MAX_N` choices, each a sample);
+`temperature`, `top_p` and `seed` only with `system.sampling: request` (by default the agent's configured
+sampling decides, so training explores and evaluation samples as configured). Refused with a clear error:
+`stream: true`, tools and function calling, `logprobs`, non-zero penalties, `logit_bias`, non-text content.
+Unknown fields are ignored, as OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Optional, Sequence, Union
+
+import msgspec
+
+from drmas.mas.base import Reply
+
+MAX_N = 8  # choices per call: each is a sample, generated one after another (see docs/gateway.md)
+MAX_STOP = 4  # stop strings per request, as OpenAI allows
+MAX_STOP_CHARS = 256
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_UNSUPPORTED = {  # request field -> why it is refused when set
+    "tools": "tool and function calling", "tool_choice": "tool and function calling",
+    "functions": "tool and function calling", "function_call": "tool and function calling",
+    "logit_bias": "logit_bias", "audio": "audio output", "prediction": "predicted outputs",
+}
+
+
+class ApiError(Exception):
+    """A refused request: its HTTP status and OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: Optional[str] = None,
+                 code: Optional[str] = None, headers: Optional[dict[str, str]] = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = int(status), message, type, param, code
+        self.headers = headers
+
+    def payload(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: Optional[str] = None, code: Optional[str] = None) -> ApiError:
+    return ApiError(HTTPStatus.BAD_REQUEST, message, param=param, code=code)
+
+
+# ---- requests -----------------------------------------------------------------------------------------------
+
+
+class _Part(msgspec.Struct):
+    type: str
+    text: Optional[str] = None
+
+
+class _Message(msgspec.Struct):
+    role: str
+    content: Union[str, list[_Part], None] = None
+
+
+class ChatRequest(msgspec.Struct):
+    """The body of POST /v1/chat/completions, as far as the gateway reads it."""
+
+    model: str
+    messages: list[_Message]
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    stop: Union[str, list[str], None] = None
+    n: Optional[int] = None
+    seed: Optional[int] = None
+    user: Optional[str] = None
+    stream: Optional[bool] = None
+    logprobs: Optional[bool] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    logit_bias: Any = None
+    audio: Any = None
+    prediction: Any = None
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    """A checked chat completion request: what the episode's agent turn is made of."""
+
+    agent: str
+    messages: list[dict]
+    sampling: dict  # `AgentTurn.sampling`: max_new_tokens, stop, and with sampling=request temperature/top_p/seed
+    stop: tuple[str, ...]  # the request's own stop strings, cut from the returned content
+    n: int
+    user: Optional[str]
+
+
+class RewardRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """The body of POST /drmas/v1/episodes/{id}/reward: the episode's reward, or its final answer for drmas to
+    grade with the task, and optionally rewards per agent (by name) or per call (by completion id), and the calls
+    whose reply had the wrong format (by completion id: they draw `algorithm.invalid_penalty`, as the invalid
+    turns of a built-in system do)."""
+
+    reward: Optional[float] = None
+    answer: Optional[str] = None
+    agent_rewards: Optional[dict[str, float]] = None
+    call_rewards: Optional[dict[str, float]] = None
+    invalid_calls: Optional[list[str]] = None
+
+
+class _ClaimRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """The body of POST /drmas/v1/episodes: empty, or `{}` (nothing to choose yet)."""
+
+
+def decode_chat(body: bytes, agents: Sequence[str], honour_sampling: bool) -> ChatCall:
+    """Decode and check a chat completion request (ApiError naming the parameter)."""
+    req = _decode(body, ChatRequest)
+    if req.model not in agents:
+        raise ApiError(HTTPStatus.NOT_FOUND, f"The model `{req.model}` does not exist: the models are this run's "
+                       f"agents ({', '.join(agents)})", param="model", code="model_not_found")
+    if req.stream:
+        raise bad_request("stream=true is not supported by the drmas gateway: call without streaming (the whole "
+                          "reply comes back at once)", "stream", "unsupported_parameter")
+    for key, what in _UNSUPPORTED.items():
+        if getattr(req, key) not in (None, [], {}):
+            raise bad_request(f"{what} is not supported by the drmas gateway ({key})", key, "unsupported_parameter")
+    if req.logprobs:
+        raise bad_request("logprobs are not returned by the drmas gateway (drmas records them itself)", "logprobs",
+                          "unsupported_parameter")
+    for key in ("frequency_penalty", "presence_penalty"):
+        if getattr(req, key):
+            raise bad_request(f"{key} is not supported by the drmas gateway (only 0)", key, "unsupported_parameter")
+    if isinstance(req.response_format, dict) and req.response_format.get("type", "text") != "text":
+        raise bad_request("response_format other than text is not supported by the drmas gateway",
+                          "response_format", "unsupported_parameter")
+    n = 1 if req.n is None else req.n
+    if not 1 <= n <= MAX_N:
+        raise bad_request(f"n must be 1 to {MAX_N}, got {n}", "n")
+    stop = _stop_strings(req.stop)
+    sampling: dict = {"stop": stop} if stop else {}
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise bad_request(f"max_tokens must be >= 1, got {max_tokens}", "max_tokens")
+        sampling["max_new_tokens"] = max_tokens  # capped by the agent's max_new_tokens where it is applied
+    if req.temperature is not None and not (math.isfinite(req.temperature) and 0 <= req.temperature <= 2):
+        raise bad_request(f"temperature must be 0 to 2, got {req.temperature}", "temperature")
+    if req.top_p is not None and not (math.isfinite(req.top_p) and 0 < req.top_p <= 1):
+        raise bad_request(f"top_p must be > 0 and <= 1, got {req.top_p}", "top_p")
+    if honour_sampling:
+        for key in ("temperature", "top_p"):
+            if getattr(req, key) is not None:
+                sampling[key] = getattr(req, key)
+        if req.seed is not None:
+            sampling["seed"] = req.seed % 2**63
+    return ChatCall(req.model, _messages(req.messages), sampling, stop, n, req.user)
+
+
+def decode_reward(body: bytes) -> RewardRequest:
+    req = _decode(body, RewardRequest)
+    if req.reward is None and req.answer is None:
+        raise bad_request("give the episode's `reward`, or its final `answer` for drmas to grade with the task",
+                          "reward")
+    numbers = [("reward", req.reward)] + [(f"agent_rewards.{k}", v) for k, v in (req.agent_rewards or {}).items()]
+    numbers += [(f"call_rewards.{k}", v) for k, v in (req.call_rewards or {}).items()]
+    for key, value in numbers:
+        if value is not None and not math.isfinite(value):
+            raise bad_request(f"{key} must be a finite number, got {value}", key.split(".")[0])
+    return req
+
+
+def decode_claim(body: bytes) -> None:
+    if body.strip():
+        _decode(body, _ClaimRequest)
+
+
+def _decode(body: bytes, kind: type) -> Any:
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        found = re.search(r"at `\$\.([A-Za-z_]+)", str(exc)) or re.search(r"field `([A-Za-z_]+)`", str(exc))
+        raise bad_request(f"invalid request: {exc}", found.group(1) if found else None) from None
+    except msgspec.DecodeError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+
+
+def _stop_strings(stop: Union[str, list[str], None]) -> tuple[str, ...]:
+    strings = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(strings) > MAX_STOP:
+        raise bad_request(f"at most {MAX_STOP} stop strings, got {len(strings)}", "stop")
+    if any(not s or len(s) > MAX_STOP_CHARS for s in strings):
+        raise bad_request(f"stop strings must be 1 to {MAX_STOP_CHARS} characters", "stop")
+    return tuple(dict.fromkeys(strings))
+
+
+def _messages(messages: list[_Message]) -> list[dict]:
+    if not messages:
+        raise bad_request("messages must not be empty", "messages")
+    out = []
+    for i, message in enumerate(messages):
+        role = ROLES.get(message.role)
+        if role is None:
+            raise bad_request(f"messages[{i}].role {message.role!r} is not supported by the drmas gateway (roles: "
+                              f"{', '.join(ROLES)}; tool messages need tool calling, which it does not support)",
+                              "messages")
+        out.append({"role": role, "content": _text(message.content, i)})
+    return out
+
+
+def _text(content: Union[str, list[_Part], None], i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        raise bad_request(f"messages[{i}].content is missing (a message without text, e.g. tool calls, is not "
+                          "supported by the drmas gateway)", "messages")
+    if any(part.type != "text" or part.text is None for part in content):
+        raise bad_request(f"messages[{i}].content: only text parts are supported by the drmas gateway", "messages")
+    return "".join(part.text for part in content)  # type: ignore[misc]
+
+
+# ---- replies ------------------------------------------------------------------------------------------------
+
+
+def new_completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def completion(completion_id: str, call: ChatCall, replies: Sequence[Reply], model_id: str) -> dict:
+    """The chat.completion object of `replies` (one per choice); `system_fingerprint` names the weights."""
+    choices = [{"index": i, "message": {"role": "assistant", "content": _cut(reply.text, call.stop)},
+                "finish_reason": reply.finish_reason, "logprobs": None} for i, reply in enumerate(replies)]
+    prompt = replies[0].prompt_tokens if replies else 0
+    generated = sum(reply.completion_tokens for reply in replies)
+    return {
+        "id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": call.agent,
+        "system_fingerprint": f"drmas-{model_id}-v{max((r.version for r in replies), default=0)}",
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
+    }
+
+
+def _cut(text: str, stops: tuple[str, ...]) -> str:
+    """The content up to the first of the request's stop strings (OpenAI leaves them out; drmas trains on them)."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
+    return text[:cut]
+
+
+def models(agents: Sequence[str]) -> dict:
+    return {"object": "list", "data": [model(agent) for agent in agents]}
+
+
+def model(agent: str) -> dict:
+    return {"id": agent, "object": "model", "created": 0, "owned_by": "drmas"}

@@ -1,0 +1,46 @@
+"""A learner process's C heap: freed tensor memory goes back to the system at once, not kept by malloc.
+
+Why: glibc's malloc serves a request below its mmap threshold from its heap, and raises that threshold (up
+to 32 MiB) every time a larger mapped block is freed. The tensors of a training pass are a few MB each (one
+hidden state of 8 x 600 tokens x 576 floats is 11 MB), so after the first pass nearly all of them come from
+the heap, whose freed memory stays with the process, in holes that the next pass's tensors only partly fit:
+the learner's resident memory grew with every update and reached its live tensors plus 1.3 GB (quick
+start) to 2.3 GB (search quick start) with SmolLM2-135M (docs/memory.md). A fixed threshold
+(`models.<id>.heap_mmap_threshold_kb`) gives every block at or above it a mapping of its own, unmapped when
+freed, so the resident memory follows the live tensors. What it costs is the page faults of fresh mappings:
+about a quarter more CPU time per update on CPU, measured on a 2-core VM (bench/memory.py prints it). On a
+GPU the tensors live in CUDA's caching allocator and the host heap holds little.
+
+Measured alternatives that did not bound the peak: `malloc_trim(0)` after every backward or update, and
+gradients kept allocated between steps (the heap's holes stay, so the peak still grew by 0.7-1 GB).
+
+`MALLOC_MMAP_THRESHOLD_` in the environment wins (glibc reads it at start; nothing is changed then). On a C
+library without glibc's `mallopt` options (musl, macOS) nothing changes either.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+ENV = "MALLOC_MMAP_THRESHOLD_"
+
+
+def map_large_blocks(threshold_kb: int) -> bool:
+    """Serve every allocation of `threshold_kb` KiB or more from a mapping of its own, for the rest of this
+    process (0: leave malloc as it is); True when the C library took the setting."""
+    if threshold_kb <= 0 or ENV in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    taken = bool(mallopt(M_MMAP_THRESHOLD, threshold_kb * 1024))
+    log.info("malloc: blocks of %d KiB or more are mapped on their own%s", threshold_kb,
+             "" if taken else " (refused by the C library)")
+    return taken
