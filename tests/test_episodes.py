@@ -310,3 +310,14 @@ def test_failures_in_a_row_stop_the_runner_naming_the_plugin():
     with pytest.raises(EpisodeFailures, match="2 episodes in a row failed .* orchestra 'FailsOn' at agent 'a' "
                                               "failed in episode e1: ZeroDivisionError: bad p1"):
         _failing_runner("p0", "p1").run(_requests(3))
+
+
+def test_a_fatal_error_from_a_tool_is_no_episodes_failure_and_ends_the_run():
+    from drmas.core.errors import Fatal
+
+    class Gone(RecordingTool):
+        def call_batch(self, requests):
+            raise Fatal("the service behind the tool is gone for good")
+
+    with pytest.raises(Fatal, match="gone for good"):
+        _tool_runner(ScriptedEngine(), LookUpTwice(Gone())).run(_requests(2))

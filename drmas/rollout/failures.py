@@ -6,7 +6,8 @@ The episode runner turns such an exception into an `EpisodeFailure` and drops th
 here logs it once (the traceback only with the first occurrence of each distinct error, so a recurring bug
 does not flood the log), counts it, and tells a bug that fails every episode from a bad input: after
 `limit` failures in a row with no episode ending well it raises `EpisodeFailures`, naming the plugin and the
-exception, instead of letting the process spin without producing anything.
+exception, instead of letting the process spin without producing anything. A `drmas.core.errors.Fatal`
+(e.g. an agent program past its restart bound) is not one episode's failure: it goes through.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
+
+from drmas.core.errors import Fatal
 
 if TYPE_CHECKING:
     from drmas.rollout.episodes import EpisodeRequest
@@ -56,6 +59,8 @@ def call_isolated(tool: str, call_batch: Callable[[list], Sequence], requests: l
     result belongs to which request is unknown)."""
     try:
         results = list(call_batch(requests))
+    except Fatal:
+        raise
     except Exception as exc:
         if len(requests) == 1:
             return [ToolFailed("call_batch", exc)]
@@ -81,7 +86,10 @@ class FailureBook:
         self.in_a_row = 0
 
     def dropped(self, failure: EpisodeFailure) -> None:
-        """Log and count `failure`; raise `EpisodeFailures` once `limit` episodes in a row have failed."""
+        """Log and count `failure`; raise `EpisodeFailures` once `limit` episodes in a row have failed, and a
+        `Fatal` error at once (it is no episode's failure)."""
+        if isinstance(failure.error, Fatal):
+            raise failure.error
         self.failed += 1
         self.in_a_row += 1
         error = failure.error
