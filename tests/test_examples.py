@@ -84,6 +84,31 @@ def test_debate_trains_colocated_and_drmas_eval_scores_it(tmp_path):
     assert {"solvers_agree", "judge_approved", "best_solver"} <= set(behaviour["info"])
 
 
+@pytest.mark.timeout(400)
+def test_code_review_trains_colocated_too(tmp_path):
+    """The other loop for each example (the tests above score each with `drmas eval` once): the sandbox in the
+    colocated run's own process, both agents trained every step."""
+    run = tmp_path / "run"
+    done = run_cli([sys.executable, "-m", "drmas.cli", "run", "--config", str(CODE_REVIEW), *CODE_TINY,
+                    "eval.n_problems=0", f"trainer.output_dir={run}"], timeout=350, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = [r for r in read_metrics(run / "metrics.jsonl") if "loss/policy" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["calls/coder"] == 8 and r["calls/tester"] == 8 for r in steps), steps
+
+
+@pytest.mark.timeout(600)
+def test_debate_trains_in_the_async_pipeline_too(tmp_path):
+    run = tmp_path / "run"
+    done = run_cli([sys.executable, "-m", "drmas.cli", "run", "--config", str(DEBATE), *DEBATE_TINY, *ASYNC,
+                    "eval.n_problems=0", f"trainer.output_dir={run}"], timeout=500, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = read_metrics(run / "learner-policy" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    for agent, calls in (("solver_1", 16), ("solver_2", 16), ("judge", 8)):
+        assert all(r[f"calls/{agent}"] == calls for r in records), records
+
+
 # --------------------------------------------------------------------- rewards per agent, on scripted replies
 
 
