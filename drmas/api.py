@@ -28,6 +28,10 @@ Settings classes are dataclasses subclassing `SystemSettings` / `TaskSettings`, 
 Rewards: `EpisodeOutcome.reward` is the episode's task reward (held-out accuracy); `turn_rewards` (one per
 turn) and `agent_rewards` (agent name -> reward) override it per turn, in that order of precedence; the
 format penalty is subtracted per invalid turn. Registering a name that is taken (a built-in's) is an error.
+
+Failures: an exception from an orchestra, a scripted role or a tool costs only its episode (dropped, logged,
+counted; `rollout.max_consecutive_episode_failures` in a row stop the process); raise `Fatal` where the
+process cannot go on.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import drmas.assembly  # noqa: F401  (registers the built-ins, so a plugin sees 
 from drmas.config.fields import Section, help_field
 from drmas.config.sandbox import SandboxConfig
 from drmas.config.sections import SystemSettings, TaskSettings
+from drmas.core.errors import Fatal
 from drmas.core.jsonl import jsonl_records
 from drmas.engines import ENGINES
 from drmas.engines.base import Engine, Generation, SamplingParams
@@ -81,4 +86,6 @@ __all__ = [
     "extract_answer", "normalize_answer", "exact_match", "token_f1", "score_answer",
     # reading a task's JSON-lines files: (where "path:LINE", line number, record), errors naming the line
     "jsonl_records",
+    # an error that ends the process instead of only the episode it happened in
+    "Fatal",
 ]

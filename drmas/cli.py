@@ -76,6 +76,7 @@ def _run(cfg) -> int:
 
         return launch(cfg)
     from drmas.colocated import ColocatedRun
+    from drmas.rollout.failures import EpisodeFailures
     from drmas.runtime.report import print_summary
 
     try:
@@ -92,6 +93,10 @@ def _run(cfg) -> int:
         print(f"drmas: stopped at once by a second signal, at step {run.step}; the last complete checkpoint is "
               f"{'none' if run.saved_step is None else f'step {run.saved_step}'}", file=sys.stderr)
         return 130
+    except EpisodeFailures as exc:  # a plugin fails every episode (one failing episode is only dropped)
+        print(f"drmas: {exc}; the last complete checkpoint is "
+              f"{'none' if run.saved_step is None else f'step {run.saved_step}'}", file=sys.stderr)
+        return 1
     print_summary(summary, cfg)
     return 0
 

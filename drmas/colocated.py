@@ -65,11 +65,14 @@ class ColocatedRun:
         self._build_models()
         seed = cfg.trainer.seed
         self.stop: StopFlag | None = None  # set while `run` runs: the signals' flag
+        failures = cfg.rollout.max_consecutive_episode_failures
         self.runner = EpisodeRunner(self.orchestra, self.engines, assembly.agent_specs(cfg),
-                                    cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds)
+                                    cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds,
+                                    max_consecutive_failures=failures)
         self.eval_runner = EpisodeRunner(self.orchestra, self.engines,
                                          assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
-                                         cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds)
+                                         cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds,
+                                         max_consecutive_failures=failures)
         # eval.interval: its questions are read (and a bad benchmark file refused) before the directory is claimed
         self.interval_benchmarks = load_benchmarks(cfg, self.task) if cfg.eval.interval else {}
         self.interval_agents = eval_agent_specs(cfg)
@@ -253,6 +256,8 @@ class ColocatedRun:
         scalars = agent_scalars(samples, adv)
         scalars.update(reward_stats_scalars(self.stats))
         scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results]))
+        scalars["rollout/episodes_failed"] = float(self.runner.failed)  # a plugin raised: see EpisodeRunner
+        scalars["rollout/groups_dropped"] = float(len(dropped))
         committed = False  # once a model has taken its optimizer step, the step is finished, not abandoned
         for model_id, trainer in self.trainers.items():
             agents_of_model = set(assembly.trained_agents(cfg, model_id))

@@ -54,6 +54,7 @@ def test_wrong_type_names_key():
         ("algorithm.normalization=agentwise", "algorithm.normalization"),
         ("agents.solver.model=nope", "agents.solver.model"),
         ("rollout.group_size=0", "rollout.group_size"),
+        ("rollout.max_consecutive_episode_failures=0", "rollout.max_consecutive_episode_failures: must be >= 1"),
         ("algorithm.dual_clip=0.5", "algorithm.dual_clip"),
         ("system.name=chess", "system.name"),
         ("models.policy.builtin=gpt5", "models.policy.builtin"),

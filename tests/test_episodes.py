@@ -3,6 +3,7 @@ batched, how `stream` admits and hands over episodes, and where the `on_round` h
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -169,14 +170,18 @@ def test_tool_calls_do_not_change_what_is_sampled():
     assert [[s.turn for s in r.samples] for r in with_tools] == [[s.turn for s in r.samples] for r in plain]
 
 
-def test_unknown_tool_is_an_error_naming_it():
-    with pytest.raises(ValueError, match="'search'.*its tools: \\['upper'\\]"):
-        _tool_runner(ScriptedEngine(), LookUpTwice(RecordingTool(), tool_name="search")).run(_requests(1))
+def test_unknown_tool_drops_the_episode_naming_it():
+    (result,) = _tool_runner(ScriptedEngine(), LookUpTwice(RecordingTool(), tool_name="search")).run(_requests(1))
+    assert result.failure.kind == "orchestra" and result.samples == []
+    assert re.search("tool 'search'.*ValueError.*'search'.*its tools: \\['upper'\\]", result.failure.describe())
 
 
-def test_a_tool_that_loses_results_is_an_error():
-    with pytest.raises(RuntimeError, match="tool 'upper' returned 1 results for 2 requests"):
-        _tool_runner(ScriptedEngine(), LookUpTwice(RecordingTool(short_by=1))).run(_requests(2))
+def test_a_tool_that_loses_results_drops_every_episode_of_its_batch():
+    runner = _tool_runner(ScriptedEngine(), LookUpTwice(RecordingTool(short_by=1)))
+    results = runner.run(_requests(2))
+    assert runner.failed == 2
+    for result in results:
+        assert "tool 'upper' returned 1 results for 2 requests" in result.failure.describe()
 
 
 # --- per-turn rewards and scripted agents -----------------------------------------------------------------------
@@ -219,9 +224,10 @@ def test_a_turn_takes_its_turn_reward_else_its_agents_else_the_episodes_minus_th
     ({"turn_rewards": [1.0, float("nan"), 1.0]}, "not a finite number for turn 1 \\(b\\) in episode e0"),
     ({"agent_rewards": {"a": "high"}}, "not a finite number for turn 0 \\(a\\)"),
 ])
-def test_rewards_that_cannot_be_trained_on_are_refused_naming_the_episode(outcome, message):
-    with pytest.raises(RuntimeError, match=message):
-        _rewards(**outcome)
+def test_rewards_that_cannot_be_trained_on_drop_the_episode_naming_it(outcome, message):
+    specs = {a: AgentSpec("m", SamplingParams()) for a in ("a", "b")}
+    (result,) = EpisodeRunner(Judged(**outcome), {"m": ScriptedEngine()}, specs, invalid_penalty=0.1).run(_requests(1))
+    assert result.samples == [] and re.search(message, result.failure.describe())
 
 
 class WithReferee:
@@ -263,5 +269,55 @@ def test_a_failing_scripted_agent_is_named():
 
     specs = {"a": AgentSpec("m", SamplingParams()), "b": AgentSpec("m", SamplingParams()),
              "ref": AgentSpec("", None, script=broken)}
-    with pytest.raises(RuntimeError, match="scripted agent 'ref' failed in episode e0: KeyError: 'board'"):
-        EpisodeRunner(WithReferee(), {"m": ScriptedEngine()}, specs, invalid_penalty=0.1).run(_requests(1))
+    (result,) = EpisodeRunner(WithReferee(), {"m": ScriptedEngine()}, specs, invalid_penalty=0.1).run(_requests(1))
+    assert result.failure.describe() == "scripted agent 'ref' failed in episode e0: KeyError: 'board'"
+
+
+# --- a failing plugin costs its episode ---------------------------------------------------------------------------
+
+
+class FailsOn(TwoTurns):
+    """One turn of agent a; episodes of the given problem uids raise instead of ending after it."""
+
+    def __init__(self, *uids: str) -> None:
+        super().__init__(turns=1)
+        self.uids = uids
+
+    def run(self, problem):
+        if problem.uid in self.uids:
+            yield AgentTurn("a", [{"role": "user", "content": problem.question}])
+            raise ZeroDivisionError(f"bad {problem.uid}")
+        return (yield from super().run(problem))
+
+
+def _failing_runner(*uids: str, limit: int = 2) -> EpisodeRunner:
+    specs = {a: AgentSpec("m", SamplingParams()) for a in ("a", "b")}
+    return EpisodeRunner(FailsOn(*uids), {"m": ScriptedEngine()}, specs, invalid_penalty=0.1, max_consecutive_failures=limit)
+
+
+def test_failures_between_successes_are_dropped_and_counted_and_never_stop_the_runner():
+    runner = _failing_runner("p0", "p2", "p4")  # fail, succeed, fail, succeed, fail: never 2 in a row
+    results = runner.run(_requests(5))
+    assert runner.failed == 3
+    assert [r.failure is None for r in results] == [False, True, False, True, False]
+    assert [len(r.samples) for r in results] == [0, 1, 0, 1, 0]
+    assert results[2].failure.describe() == "orchestra 'FailsOn' at agent 'a' failed in episode e2: ZeroDivisionError: bad p2"
+
+
+def test_failures_in_a_row_stop_the_runner_naming_the_plugin():
+    from drmas.rollout.failures import EpisodeFailures
+
+    with pytest.raises(EpisodeFailures, match="2 episodes in a row failed .* orchestra 'FailsOn' at agent 'a' "
+                                              "failed in episode e1: ZeroDivisionError: bad p1"):
+        _failing_runner("p0", "p1").run(_requests(3))
+
+
+def test_a_fatal_error_from_a_tool_is_no_episodes_failure_and_ends_the_run():
+    from drmas.core.errors import Fatal
+
+    class Gone(RecordingTool):
+        def call_batch(self, requests):
+            raise Fatal("the service behind the tool is gone for good")
+
+    with pytest.raises(Fatal, match="gone for good"):
+        _tool_runner(ScriptedEngine(), LookUpTwice(Gone())).run(_requests(2))

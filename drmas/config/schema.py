@@ -229,6 +229,11 @@ class RolloutConfig:
     temperature: float = _f(1.0, "Default sampling temperature.")
     top_p: float = _f(1.0, "Default nucleus sampling top_p.")
     max_batch_size: int = _f(64, "Most sequences an engine generates at once.")
+    max_consecutive_episode_failures: int = _f(
+        32, "Episodes dropped in a row because a plugin (orchestra, tool, scripted agent, reward) raised, none "
+        "ending well, after which the process stops with that error instead of spinning (one failing episode is "
+        "only dropped, logged and counted in rollout/episodes_failed).",
+    )
 
 
 @dataclass

@@ -185,7 +185,8 @@ def _check_algorithm(cfg: DrmasConfig, errors: list[str]) -> None:
 
 def _check_rollout_and_trainer(cfg: DrmasConfig, errors: list[str]) -> None:
     r, t = cfg.rollout, cfg.trainer
-    for key in ("group_size", "prompts_per_step", "max_new_tokens", "max_batch_size"):
+    for key in ("group_size", "prompts_per_step", "max_new_tokens", "max_batch_size",
+                "max_consecutive_episode_failures"):
         if getattr(r, key) < 1:
             errors.append(f"rollout.{key}: must be >= 1, got {getattr(r, key)}")
     if r.temperature < 0:

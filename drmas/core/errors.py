@@ -1,4 +1,4 @@
-"""`naming_key`: an input error with the config key it concerns in front of its message.
+"""`naming_key`: an input error with the config key it concerns in front of its message; `Fatal`.
 
 A loader reports the file and line at fault; the user also needs to know which setting named that file
 (`task.train_file`, `retrieval.corpus`, `eval.benchmarks.<name>`). Every subsystem that reads a configured
@@ -18,3 +18,9 @@ def naming_key(key: str, error: Exception) -> Exception:
         return type(error)(message)
     except TypeError:
         return FileNotFoundError(message) if isinstance(error, FileNotFoundError) else ValueError(message)
+
+
+class Fatal(RuntimeError):
+    """An error that means the process cannot go on, raised where per-item failures are otherwise isolated:
+    e.g. a supervised agent program past its restart bound. The episode runner drops an episode whose plugin
+    raises anything else, but lets a `Fatal` end the process (the launcher's restart policy then applies)."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from drmas.config.restarts import RestartConfig
+from drmas.core.errors import Fatal
 from drmas.runtime.process import die_with_parent
 from drmas.runtime.restarts import RestartBook
 
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 NAME = "the agent program (system.command)"
 
 
-class ProgramFailed(RuntimeError):
+class ProgramFailed(Fatal):
     """The program kept dying (or cannot run): the rollout cannot produce episodes."""
 
 

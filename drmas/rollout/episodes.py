@@ -31,6 +31,14 @@ while requests run, `hold(model)` (submit nothing new, let the running ones fini
 `release(model)` once the weights are in. A model here is what an agent names (`AgentSpec.model`): several
 models may share one engine (LoRA adapters of one base, `AgentSpec.engine`), and holding, interrupting or
 counting one of them touches only its own requests on that engine.
+
+A failing plugin costs only its episode: an exception from the orchestra's generator (or a turn it yields
+for an unknown agent or tool, or an outcome that cannot be trained on), from a scripted agent, or from a
+tool's `call_batch` ends the episode as dropped (`EpisodeOutcome.dropped`, the result's `failure` says which
+plugin raised what), logged once and counted (`failed`); the other episodes go on. A tool's batch that raises
+is retried one request at a time, so only the episodes whose own request raises are dropped.
+`max_consecutive_failures` in a row raise `EpisodeFailures` (`drmas.rollout.failures`). Exceptions from the
+caller's callbacks and from the engines are not plugin failures: they end the stream as before.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from drmas.core.sample import Sample
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
 from drmas.mas.base import PENDING, AgentTurn, EpisodeOutcome, Orchestra, Reply, ToolCall
+from drmas.rollout.failures import EpisodeFailure, FailureBook, ToolFailed, call_isolated
 from drmas.tasks.base import Problem
 
 
@@ -82,6 +91,12 @@ class EpisodeResult:
     request: EpisodeRequest
     outcome: EpisodeOutcome
     samples: list[Sample] = field(default_factory=list)
+    failure: Optional[EpisodeFailure] = None  # a plugin failed: the episode was dropped (`outcome.dropped`)
+
+    @classmethod
+    def failed(cls, failure: EpisodeFailure) -> EpisodeResult:
+        """A dropped episode: no samples, reward 0, no turns (an evaluation counts it wrong)."""
+        return cls(failure.request, EpisodeOutcome(reward=0.0, turns=[], dropped=failure.describe()), failure=failure)
 
 
 @dataclass
@@ -120,6 +135,7 @@ class EpisodeRunner:
         seed: int | None = None,
         on_round: Optional[Callable[[], None]] = None,
         barrier: bool = False,
+        max_consecutive_failures: int = 32,
     ) -> None:
         """With `seed`, every call is sampled from its own stream derived from (seed, episode id, turn):
         the same episode samples the same tokens whatever else shares its batch, and a resumed run
@@ -127,7 +143,8 @@ class EpisodeRunner:
 
         `on_round`, if given, is called before every engine step (never during one): the place to load new
         weights, under the rule in the module docstring. `barrier` makes every step wait for all submitted
-        turns before any episode goes on (rounds)."""
+        turns before any episode goes on (rounds). `max_consecutive_failures`: episodes failing in a row, none
+        ending well, after which the runner raises `EpisodeFailures` (`rollout.max_consecutive_episode_failures`)."""
         missing = [a for a in orchestra.agents if a not in agents]
         if missing:
             raise ValueError(f"the orchestra needs agents {missing} that are not configured")
@@ -142,6 +159,7 @@ class EpisodeRunner:
         self.seed = seed
         self.on_round = on_round
         self.barrier = barrier
+        self.failures = FailureBook(max_consecutive_failures)
         self._requests = {key: request_level(engine) for key, engine in engines.items()}
         self._engine_of = {spec.model: spec.engine_key for spec in agents.values() if spec.script is None}
         # models that share their engine with other models: their own requests are counted apart
@@ -174,8 +192,9 @@ class EpisodeRunner:
         Before every engine step `admit(number of live episodes)` returns the episodes to start now
         (possibly none), or None once no more will come. When nothing is live, `admit` is called again at
         once, so it should wait a little itself rather than return an empty list immediately. Every finished
-        episode goes to `on_result` as soon as it ends. An exception from either callback (or `on_round`) ends
-        the stream; episodes still live are then abandoned (and their running requests aborted).
+        episode goes to `on_result` as soon as it ends (a dropped one too: `outcome.dropped`). An exception from
+        either callback (or `on_round`), or `EpisodeFailures`, ends the stream; episodes still live are then
+        abandoned (and their running requests aborted).
         """
         self._waiting, self._running, self._held = [], {}, set()
         ended = 0
@@ -192,8 +211,7 @@ class EpisodeRunner:
                     new = admit(self.live)
                     more = new is not None
                     for req in new or ():
-                        episode = self.orchestra.run(req.problem)
-                        self._advance(_Live(req, episode, turn=None), None, self._waiting, finished)  # type: ignore[arg-type]
+                        self._start(req, finished)
                 if not self.live:
                     continue
                 if not self._running:  # engines idle: let outside answers gather before the next step
@@ -212,6 +230,40 @@ class EpisodeRunner:
                 if running:
                     engine.abort(running)
             self._running = {}
+
+    def _start(self, req: EpisodeRequest, on_result: Callable[[EpisodeResult], None]) -> None:
+        try:
+            episode = self.orchestra.run(req.problem)
+        except Exception as exc:
+            self._drop(EpisodeFailure(req, "orchestra", self._orchestra_name, "start", exc), on_result)
+            return
+        self._advance(_Live(req, episode, turn=None), None, self._waiting, on_result)  # type: ignore[arg-type]
+
+    @property
+    def _orchestra_name(self) -> str:
+        return str(getattr(self.orchestra, "name", "") or type(self.orchestra).__name__)
+
+    def _drop(self, failure: EpisodeFailure, on_result: Callable[[EpisodeResult], None]) -> None:
+        """Log and count a dropped episode (too many in a row raise `EpisodeFailures`), then hand it over."""
+        self.failures.dropped(failure)
+        on_result(EpisodeResult.failed(failure))
+
+    def _finished(self, item: _Live, outcome: object, on_result: Callable[[EpisodeResult], None]) -> None:
+        try:
+            if not isinstance(outcome, EpisodeOutcome):
+                raise TypeError(f"the episode returned {type(outcome).__name__}, not an EpisodeOutcome")
+            samples = self._samples(item, outcome)
+        except Exception as exc:
+            self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, "outcome", exc), on_result)
+            return
+        if not outcome.dropped:
+            self.failures.succeeded()
+        on_result(EpisodeResult(item.request, outcome, samples))
+
+    @property
+    def failed(self) -> int:
+        """Episodes dropped because a plugin failed, over the runner's life."""
+        return self.failures.failed
 
     @property
     def live(self) -> int:
@@ -317,15 +369,25 @@ class EpisodeRunner:
             if not by_tool:
                 return live + pending
             for tool, items in by_tool.items():
-                results = self.tools[tool].call_batch([item.turn.request for item in items])
-                if len(results) != len(items):
-                    raise RuntimeError(f"tool {tool!r} returned {len(results)} results for {len(items)} requests")
-                for item, result in zip(items, results):
+                for item, result in self._tool_results(tool, items, on_result):
                     if result is PENDING:
                         pending.append(item)
                     else:
                         self._advance(item, result, ready, on_result)
             live = ready
+
+    def _tool_results(self, tool: str, items: list[_Live], on_result: Callable[[EpisodeResult], None]
+                      ) -> list[tuple[_Live, object]]:
+        """One batched call of `tool` for `items`; the episodes whose request it fails on are dropped."""
+        results = call_isolated(tool, self.tools[tool].call_batch, [item.turn.request for item in items])
+        answered = []
+        for item, result in zip(items, results):
+            if isinstance(result, ToolFailed):
+                self._close(item)
+                self._drop(EpisodeFailure(item.request, "tool", tool, result.at, result.error), on_result)
+            else:
+                answered.append((item, result))
+        return answered
 
     def _wait_outside(self) -> None:
         """Sleep in the `wait_for_answers` of each tool whose answers come from outside (see the module
@@ -370,30 +432,49 @@ class EpisodeRunner:
                     item.turn, error = item.episode.throw(error), None  # type: ignore[attr-defined]
                 else:
                     item.turn = item.episode.send(response)  # type: ignore[attr-defined]
+                self._check_turn(item.turn)
             except StopIteration as stop:
-                outcome: EpisodeOutcome = stop.value
-                on_result(EpisodeResult(item.request, outcome, self._samples(item, outcome)))
+                self._finished(item, stop.value, on_result)
                 return
-            if isinstance(item.turn, ToolCall):
-                if item.turn.tool not in self.tools:
-                    raise ValueError(f"orchestra called tool {item.turn.tool!r} which it does not provide "
-                                     f"(its tools: {sorted(self.tools) or 'none'})")
-            elif item.turn.agent not in self.agents:
-                raise ValueError(f"orchestra asked for agent {item.turn.agent!r} which is not configured")
-            elif self._specs(item)[item.turn.agent].script is not None:
-                response = self._scripted(item)
+            except Exception as exc:
+                at = f"agent {item.turn.agent!r}" if isinstance(item.turn, AgentTurn) else (
+                    f"tool {item.turn.tool!r}" if isinstance(item.turn, ToolCall) else "")
+                self._close(item)
+                self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, at, exc), on_result)
+                return
+            if isinstance(item.turn, AgentTurn) and self._specs(item)[item.turn.agent].script is not None:
+                try:
+                    response = self._scripted(item)
+                except Exception as exc:
+                    self._close(item)
+                    self._drop(EpisodeFailure(item.request, "scripted agent", item.turn.agent, "", exc), on_result)
+                    return
                 continue
             live.append(item)
             return
 
+    def _check_turn(self, turn: object) -> None:
+        if isinstance(turn, ToolCall):
+            if turn.tool not in self.tools:
+                raise ValueError(f"orchestra called tool {turn.tool!r} which it does not provide "
+                                 f"(its tools: {sorted(self.tools) or 'none'})")
+        elif not isinstance(turn, AgentTurn):
+            raise TypeError(f"orchestra yielded {type(turn).__name__}, not an AgentTurn or a ToolCall")
+        elif turn.agent not in self.agents:
+            raise ValueError(f"orchestra asked for agent {turn.agent!r} which is not configured")
+
+    @staticmethod
+    def _close(item: _Live) -> None:
+        """Close a dropped episode's generator (its `finally` blocks run); an error there changes nothing."""
+        try:
+            item.episode.close()  # type: ignore[attr-defined]
+        except Exception:
+            pass
+
     def _scripted(self, item: _Live) -> str:
         """The reply of a scripted agent to the turn `item` waits for, recorded as a call without a sample."""
         turn: AgentTurn = item.turn  # type: ignore[assignment]
-        try:
-            text = self._specs(item)[turn.agent].script(turn)  # type: ignore[misc]
-        except Exception as exc:
-            raise RuntimeError(f"scripted agent {turn.agent!r} failed in episode {item.request.episode_id}: "
-                               f"{type(exc).__name__}: {exc}") from exc
+        text = self._specs(item)[turn.agent].script(turn)  # type: ignore[misc]
         if not isinstance(text, str):
             raise TypeError(f"scripted agent {turn.agent!r} returned {type(text).__name__}, not the reply text")
         item.calls.append(_Call(turn.agent, "", [], None))

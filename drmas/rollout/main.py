@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     add_log_file(Path(cfg.trainer.output_dir) / f"rollout-{args.index}")
     stop = StopFlag()
     from drmas import assembly
+    from drmas.rollout.failures import EpisodeFailures
     from drmas.rollout.worker import RolloutWorker
     from drmas.runtime.endpoints import EndpointError, require_fixed
 
@@ -34,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     except (EndpointError, FileNotFoundError, ValueError, ImportError) as exc:  # ImportError: an engine's package
         print(f"drmas-rollout: {exc}", file=sys.stderr)
         return 2
-    worker.run()
+    try:
+        worker.run()
+    except EpisodeFailures as exc:  # a plugin fails every episode: stop (the launcher's restart policy applies)
+        print(f"drmas-rollout: {exc}", file=sys.stderr)
+        return 1
     log.info("stopped by %s after %d groups", stop.signal_name or "request", worker.groups_started)
     return 0
 

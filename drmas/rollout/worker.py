@@ -125,7 +125,8 @@ class RolloutWorker:
         self.producer = BufferProducer.from_config(cfg.pipeline.buffer, f"{self.name}-{self.incarnation}")
         self.orchestra = assembly.build_orchestra(cfg, task)
         self.runner = EpisodeRunner(self.orchestra, self.engines, assembly.agent_specs(cfg),
-                                    cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds)
+                                    cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds,
+                                    max_consecutive_failures=cfg.rollout.max_consecutive_episode_failures)
         self.group_size = cfg.rollout.group_size
         self.target_groups = groups_in_flight(cfg, len(self.engines))
         self.samples_made = 0  # every sample generated, evaluation episodes' included
@@ -314,7 +315,8 @@ class RolloutWorker:
         """A dropped episode: its group cannot complete. The buffer is told once (it drops what arrived of the
         group and draws its draw again); the group's other episodes are not sent."""
         self.dropped_episodes += 1
-        log.warning("episode %s dropped: %s", result.request.episode_id, result.outcome.dropped)
+        if result.failure is None:  # a plugin's failure was logged by the runner already
+            log.warning("episode %s dropped: %s", result.request.episode_id, result.outcome.dropped)
         self._check_buffer_restart()  # a group of a dead buffer's grant is not the new buffer's to drop
         if group_id not in self.abandoned:
             self.producer.abandon_group(group_id, group.draw)
@@ -352,6 +354,7 @@ class RolloutWorker:
             "rollout/buffer_restarts": float(self.producer.buffer_restarts),
             "rollout/lost_episodes": float(self.producer.lost_episodes),
             "rollout/dropped_episodes": float(self.dropped_episodes),
+            "rollout/episodes_failed": float(self.runner.failed),
             "rollout/samples_made": float(self.samples_made),
             **(self.orchestra.metrics() if hasattr(self.orchestra, "metrics") else {}),
         }
