@@ -19,9 +19,8 @@ engine steps the way in-process turns do. A turn may carry its own sampling (`Ag
 request's max_tokens and stop strings) and ask for a detailed `Reply`; a turn the engine refuses (too long, a
 chat template error) is thrown into its episode.
 
-The result is one `Sample` per agent call of a model, rewards filled in: each turn's reward as the outcome
-gives it (`EpisodeOutcome.turn_reward`: per turn, per agent or the episode's), minus the format penalty. `run` drives a fixed set of episodes to their
-end (training steps, evaluation). `stream` keeps a rollout process busy instead: before every step it asks
+The result is one `Sample` per agent call of a model, rewards filled in (`drmas.rollout.samples`). `run`
+drives a fixed set of episodes to their end (training steps, evaluation). `stream` keeps a rollout process busy instead: before every step it asks
 for new episodes, so finished ones are replaced at once, and hands each episode over the moment it ends.
 
 Weights may only change on an engine with nothing in progress, or a response would mix versions. The
@@ -44,7 +43,6 @@ caller's callbacks and from the engines are not plugin failures: they end the st
 from __future__ import annotations
 
 import dataclasses
-import math
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -54,6 +52,7 @@ from drmas.core.sample import Sample
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
 from drmas.mas.base import PENDING, AgentTurn, EpisodeOutcome, Orchestra, Reply, ToolCall
 from drmas.rollout.failures import EpisodeFailure, FailureBook, ToolFailed, call_isolated
+from drmas.rollout.samples import Call, episode_samples
 from drmas.tasks.base import Problem
 
 
@@ -100,20 +99,11 @@ class EpisodeResult:
 
 
 @dataclass
-class _Call:
-    agent: str
-    model: str
-    prompt_ids: list[int]
-    generation: Optional[Generation]  # None: a scripted agent's turn (no sample)
-    temperature: float = 1.0  # what the response was sampled at (the learner recomputes log-probs at it)
-
-
-@dataclass
 class _Live:
     request: EpisodeRequest
     episode: object  # the orchestra's generator
     turn: AgentTurn | ToolCall  # what the episode waits for
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
     submitted: str = ""  # the engine request id of `turn` while it runs
     prompt_ids: list[int] = field(default_factory=list)  # of `turn`, once submitted
     params: Optional[SamplingParams] = None  # of `turn`, once submitted
@@ -252,7 +242,8 @@ class EpisodeRunner:
         try:
             if not isinstance(outcome, EpisodeOutcome):
                 raise TypeError(f"the episode returned {type(outcome).__name__}, not an EpisodeOutcome")
-            samples = self._samples(item, outcome)
+            samples = episode_samples(item.request.episode_id, item.request.group_id, item.calls, outcome,
+                                      self.agents, self.invalid_penalty)
         except Exception as exc:
             self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, "outcome", exc), on_result)
             return
@@ -345,7 +336,7 @@ class EpisodeRunner:
                 break
         for item, model, generation in finished:
             turn: AgentTurn = item.turn  # type: ignore[assignment]
-            item.calls.append(_Call(turn.agent, model, item.prompt_ids, generation, item.params.temperature))
+            item.calls.append(Call(turn.agent, model, item.prompt_ids, generation, item.params.temperature))
             item.submitted = ""
             reply: object = generation.text
             if turn.detailed:
@@ -477,65 +468,8 @@ class EpisodeRunner:
         text = self._specs(item)[turn.agent].script(turn)  # type: ignore[misc]
         if not isinstance(text, str):
             raise TypeError(f"scripted agent {turn.agent!r} returned {type(text).__name__}, not the reply text")
-        item.calls.append(_Call(turn.agent, "", [], None))
+        item.calls.append(Call(turn.agent, "", [], None))
         return text
-
-    def _samples(self, item: _Live, outcome: EpisodeOutcome) -> list[Sample]:
-        if outcome.dropped:
-            return []  # never finished: nothing of it is trained on (its group is dropped as incomplete)
-        if len(outcome.turns) != len(item.calls):
-            raise RuntimeError(
-                f"orchestra reported {len(outcome.turns)} turns for {len(item.calls)} calls in episode "
-                f"{item.request.episode_id}"
-            )
-        rewards = self._turn_rewards(item, outcome)
-        samples = []
-        for index, (call, turn) in enumerate(zip(item.calls, outcome.turns)):
-            if call.generation is None:
-                continue  # a scripted agent's turn: no tokens to train on
-            reward = rewards[index] - self.invalid_penalty * (0.0 if turn.valid else 1.0)
-            samples.append(
-                Sample(
-                    episode_id=item.request.episode_id,
-                    group_id=item.request.group_id,
-                    agent=call.agent,
-                    model=call.model,
-                    turn=index,
-                    prompt_ids=call.prompt_ids,
-                    response_ids=call.generation.token_ids,
-                    behaviour_logprobs=call.generation.logprobs,
-                    policy_version=call.generation.version,
-                    policy_incarnation=call.generation.incarnation,
-                    temperature=call.temperature,
-                    valid=turn.valid,
-                    reward=reward,
-                    episode_reward=outcome.reward,
-                )
-            )
-        return samples
-
-    def _turn_rewards(self, item: _Live, outcome: EpisodeOutcome) -> list[float]:
-        """Each turn's reward before the format penalty; refuses rewards that cannot be trained on (a length
-        other than the turns', an agent name the config does not have, a value that is not a finite number)."""
-        where = f"episode {item.request.episode_id}"
-        if outcome.turn_rewards is not None and len(outcome.turn_rewards) != len(outcome.turns):
-            raise RuntimeError(f"orchestra returned {len(outcome.turn_rewards)} turn_rewards for "
-                               f"{len(outcome.turns)} turns in {where}")
-        unknown = sorted(set(outcome.agent_rewards or ()) - set(self.agents))
-        if unknown:
-            raise RuntimeError(f"orchestra returned agent_rewards for {unknown} in {where}, which are not agents "
-                               f"(agents: {sorted(self.agents)}); key them by agent name, not role")
-        rewards = []
-        for index in range(len(outcome.turns)):
-            try:
-                value = outcome.turn_reward(index)
-            except (TypeError, ValueError):
-                value = math.nan
-            if not math.isfinite(value):
-                raise RuntimeError(f"orchestra returned a reward that is not a finite number for turn {index} "
-                                   f"({outcome.turns[index].agent}) in {where}")
-            rewards.append(value)
-        return rewards
 
 
 _OVERRIDABLE = ("temperature", "top_p", "max_new_tokens", "stop", "seed")
