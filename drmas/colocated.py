@@ -156,7 +156,7 @@ class ColocatedRun:
         resumed_at = self.step if cfg.trainer.resume else None
         writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard, resumed_at=resumed_at)
         self.prompts = StepRecords(self.out / PROMPTS_FILE, resumed_at=resumed_at)
-        evals = EvalLog(self.out, tensorboard=cfg.logging.tensorboard, resumed_at=resumed_at)
+        evals = EvalLog(self.out, tensorboard=cfg.logging.tensorboard, resumed_at=resumed_at, metrics=writer)
         schedule = IntervalSchedule(cfg.eval.interval, done=evals.done)
         test = list(self.task.split("test"))[: cfg.eval.n_problems]
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from drmas.evaluation.outputs import tensorboard_scalars
-from drmas.runtime.metrics import StepRecords
+from drmas.runtime.metrics import MetricsWriter, StepRecords
 
 EVALS_FILE = "evals.jsonl"
 ASYNC_EVAL_DIR = "eval"  # under trainer.output_dir: the asynchronous pipeline's evaluations
@@ -27,14 +27,19 @@ class EvalLog:
     measured again, as the metrics are); `done` is the newest version already evaluated, so a resumed run
     or a restarted rollout does not evaluate it twice."""
 
-    def __init__(self, directory: str | Path, tensorboard: bool, resumed_at: Optional[int] = None) -> None:
+    def __init__(self, directory: str | Path, tensorboard: bool, resumed_at: Optional[int] = None,
+                 metrics: Optional[MetricsWriter] = None) -> None:
+        """`metrics`: the run's writer into the same directory, whose event file the scalars then share (one
+        writer per directory: see `MetricsWriter.add_scalars`); otherwise, with `tensorboard`, a writer of
+        its own."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / EVALS_FILE
         self._records = StepRecords(self.path, resumed_at=resumed_at)
         self.done = _newest_version(self.path)
+        self._metrics = metrics
         self._tb = None
-        if tensorboard:
+        if tensorboard and metrics is None:
             from torch.utils.tensorboard import SummaryWriter
 
             purge = None if resumed_at is None else resumed_at + 1
@@ -42,8 +47,11 @@ class EvalLog:
 
     def write(self, report: dict) -> None:
         self._records.write(report)
-        if self._tb is not None:
-            for tag, value in tensorboard_scalars(report).items():
+        scalars = tensorboard_scalars(report)
+        if self._metrics is not None:
+            self._metrics.add_scalars(report["version"], scalars)
+        elif self._tb is not None:
+            for tag, value in scalars.items():
                 self._tb.add_scalar(tag, float(value), report["version"])
             self._tb.flush()
         self.done = report["version"]

@@ -48,6 +48,15 @@ class MetricsWriter:
                 if len(values):
                     self._tb.add_histogram(name, np.asarray(values), step)
 
+    def add_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        """TensorBoard points of another log of this run (its evaluations) in this writer's event file, no
+        metrics.jsonl record: a second writer into the same directory with its own `purge_step` would purge
+        this one's points of the resumed steps whenever TensorBoard reads its file after this one's."""
+        if self._tb is not None:
+            for name, value in scalars.items():
+                self._tb.add_scalar(name, float(value), step)
+            self._tb.flush()
+
     def flush(self) -> None:
         self._jsonl.flush()
         if self._tb is not None:
