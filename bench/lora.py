@@ -15,6 +15,11 @@ All ratios come from one run, both sides measured alternately on the same machin
     state and the optimizer step over 135M parameters).
 (c) with --rss: peak RSS of a process holding what a 3-agent run holds (the engine and the trainers, one update
     each, so gradients and AdamW state exist), three adapters on one base vs three full models (~7 GB).
+(d) with --checkpointing: peak RSS of one adapter learner's update on quick-start-sized samples (8 x 280 tokens,
+    one micro-batch of 8), `models.base.activation_checkpointing` true vs false, each in a fresh process with
+    the learner's heap setting (`models.base.heap_mmap_threshold_kb`).
+
+(b) runs both sides with the config's `activation_checkpointing` (default true).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from drmas.config import load_config  # noqa: E402
 from drmas.config.weights import WeightSyncConfig  # noqa: E402
 from drmas.core.sample import Sample  # noqa: E402
 from drmas.engines.base import AdapterSlot, SamplingParams  # noqa: E402
+from drmas.learner.heap import map_large_blocks  # noqa: E402
 from drmas.learner.policy import PolicyTrainer  # noqa: E402
 from drmas.models.loading import load_model  # noqa: E402
 from drmas.weights import WeightReceiver, WeightSender  # noqa: E402
@@ -48,19 +54,20 @@ AGENTS = ("solver", "verifier", "reviser")
 CPU = torch.device("cpu")
 
 
-def config(rank: int, agents: int):
+def config(rank: int, agents: int, *extra: str):
     """SmolLM2-135M with one adapter per agent (`base/<agent>`), float32 as on this CPU."""
     names = AGENTS[:agents] if agents > 2 else AGENTS[:2]  # the smoke config's two, and a reviser's for 3
     overrides = ["models.base.builtin=smollm2-135m-instruct", "models.base.adapters.solver.optim=null",
                  *(f"models.base.adapters.{a}.rank={rank}" for a in names),
-                 *(f"models.base.adapters.{a}.alpha={2 * rank}" for a in names)]
+                 *(f"models.base.adapters.{a}.alpha={2 * rank}" for a in names), *extra]
     return load_config(ROOT / "configs" / "smoke_lora.yaml", overrides)
 
 
 def full_trainer(path: Path) -> PolicyTrainer:
     cfg = config(16, 1)
     model, _ = load_model(path)
-    return PolicyTrainer("full", model, cfg.models["base"].optim, cfg.algorithm)
+    return PolicyTrainer("full", model, cfg.models["base"].optim, cfg.algorithm,
+                         activation_checkpointing=cfg.models["base"].activation_checkpointing)
 
 
 def samples_of(engine, adapter: str, n: int = 8) -> list[Sample]:
@@ -166,11 +173,33 @@ def hold(kind: str, rank: int) -> None:
 
 
 def rss(kind: str, rank: int) -> float:
+    return _child("--hold", kind, "--rank", str(rank))[0]
+
+
+# ---- (d) activation checkpointing of an adapter's learner ---------------------------------------------------
+
+def update_peak(checkpointing: bool, rank: int) -> None:
+    """Child: one adapter trainer, one update of 8 samples of 200 prompt + 80 response tokens in one micro-batch;
+    print the peak RSS (MB) after building it and after the update."""
+    cfg = config(rank, 1, f"models.base.activation_checkpointing={str(checkpointing).lower()}",
+                 "algorithm.micro_batch_size=8")
+    map_large_blocks(cfg.models["base"].heap_mmap_threshold_kb)  # as a learner process does
+    (trainer,), _ = assembly.adapter_trainers(cfg, ["base/solver"], CPU)
+    rng = np.random.default_rng(0)
+    samples = [Sample(episode_id=f"e{i}", group_id="g", agent="solver", model="m", turn=0,
+                      prompt_ids=rng.integers(100, 40000, 200).tolist(), response_ids=rng.integers(100, 40000, 80).tolist(),
+                      behaviour_logprobs=np.full(80, -3.0, dtype=np.float32), policy_version=0, temperature=1.0,
+                      valid=True, reward=float(i % 2)) for i in range(8)]
+    built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    trainer.update(samples, np.array([1.0, -1.0] * 4))
+    print(built, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def _child(*args: str) -> list[float]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, __file__, "--hold", kind, "--rank", str(rank), "--threads",
-                           str(torch.get_num_threads())], capture_output=True,
-                          text=True, env=env, check=True)
-    return float(done.stdout.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, __file__, *args, "--threads", str(torch.get_num_threads())],
+                          capture_output=True, text=True, env=env, check=True)
+    return [float(x) for x in done.stdout.strip().splitlines()[-1].split()]
 
 
 def main() -> None:
@@ -181,11 +210,25 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of every process (1: on a shared, oversubscribed machine 2 threads "
                         "spin-wait on each other; a SmolLM2 forward took 6-10 s there instead of 0.5 s)")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="(d) only: an adapter learner's update peak RSS with and without activation checkpointing")
     parser.add_argument("--hold", choices=("adapters", "full"), help=argparse.SUPPRESS)
+    parser.add_argument("--update-peak", choices=("on", "off"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.hold:
         hold(args.hold, args.rank)
+        return
+    if args.update_peak:
+        update_peak(args.update_peak == "on", args.rank)
+        return
+    if args.checkpointing:
+        peak = {on: _child("--update-peak", on, "--rank", str(args.rank)) for on in ("on", "off")}
+        (b_on, p_on), (b_off, p_off) = peak["on"], peak["off"]
+        print(f"(d) adapter learner, one update of 8 x 280 tokens: peak RSS {p_on:.0f} MB with activation "
+              f"checkpointing, {p_off:.0f} MB without -> {p_on / p_off:.2f}x; above the built trainer "
+              f"({b_on:.0f} / {b_off:.0f} MB): {p_on - b_on:.0f} vs {p_off - b_off:.0f} MB; "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
         return
 
     cfg = config(args.rank, 1)

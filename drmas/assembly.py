@@ -299,7 +299,8 @@ def adapter_trainers(cfg: DrmasConfig, ids: Sequence[str], device, ranks=None):
                             where=f"models.{base}.adapters")
     trainers = [PolicyTrainer(m, model, optim_config(cfg, m), cfg.algorithm,
                               {a: cfg.agents[a].loss_weight for a in trained_agents(cfg, m)}, ranks=ranks,
-                              compute_dtype=torch_dtype(dtype), adapter=name, export_merged=mcfg.export_merged)
+                              compute_dtype=torch_dtype(dtype), adapter=name, export_merged=mcfg.export_merged,
+                              activation_checkpointing=mcfg.activation_checkpointing)
                 for m, name in zip(ids, names)]
     return trainers, tokenizer
 

@@ -24,6 +24,7 @@ from drmas.engines.base import SamplingParams
 from drmas.engines.embedded import EmbeddedEngine
 from drmas.learner.loss import ppo_loss
 from drmas.learner.policy import PolicyTrainer
+from drmas.models import adapters
 from drmas.models.loading import load_model
 from drmas.core.sample import Sample
 
@@ -94,6 +95,7 @@ def test_loss_and_grad_norm_equal_the_full_logits_reference(tiny_model_dir, batc
 def _layer_runs(trainer: PolicyTrainer, ids: torch.Tensor) -> int:
     """Decoder-layer forward runs of one training forward and backward."""
     runs = []
+    base = trainer.model.get_base_model() if trainer.adapter is not None else trainer.model
 
     def counted(forward):
         def run(*args, **kwargs):
@@ -101,9 +103,10 @@ def _layer_runs(trainer: PolicyTrainer, ids: torch.Tensor) -> int:
             return forward(*args, **kwargs)
         return run
 
-    for layer in trainer.model.model.layers:  # (a recomputation runs forward but not the forward hooks)
+    for layer in base.model.layers:  # (a recomputation runs forward but not the forward hooks)
         layer.mlp.forward = counted(layer.mlp.forward)
-    trainer.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits.sum().backward()
+    with trainer._autocast():
+        trainer.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits.sum().backward()
     return len(runs)
 
 
@@ -118,6 +121,39 @@ def test_checkpointed_layers_are_recomputed_in_the_backward(tiny_model_dir):
     off = PolicyTrainer("m", load_model(tiny_model_dir)[0], OptimConfig(), AlgorithmConfig(),
                         activation_checkpointing=False)
     assert (_layer_runs(on, ids), _layer_runs(off, ids)) == (2 * layers, layers)
+
+
+def _adapter_trainer(model_dir, checkpointing: bool) -> PolicyTrainer:
+    spec = adapters.AdapterSpec("solver", rank=4, alpha=8.0, dropout=0.0, target_modules=("q_proj", "v_proj", "up_proj"))
+    model = adapters.attach_adapters(load_model(model_dir)[0], [spec], trainable=True, seed=0)
+    return PolicyTrainer("m", model, OptimConfig(lr=1e-2, grad_clip=1.0), AlgorithmConfig(micro_batch_size=2),
+                         adapter="solver", activation_checkpointing=checkpointing)
+
+
+def test_an_adapters_learner_recomputes_the_frozen_base_and_trains_the_same(tiny_model_dir, batch):
+    """With adapters the frozen base's layers are checkpointed too (models.<id>.activation_checkpointing): every
+    layer runs again in the backward, and two updates give the loss, gradient norm and adapter weights of a plain
+    update (peft's LoRA layers sit inside the recomputed decoder layers; the base gets no gradient either way)."""
+    samples, adv = batch
+    ids = torch.randint(0, 1000, (2, 16))
+    layers = load_model(tiny_model_dir)[0].config.num_hidden_layers
+    assert _layer_runs(_adapter_trainer(tiny_model_dir, True), ids) == 2 * layers
+    assert _layer_runs(_adapter_trainer(tiny_model_dir, False), ids) == layers
+    results = {}
+    for on in (True, False):
+        trainer = _adapter_trainer(tiny_model_dir, on)
+        metrics = [trainer.update(samples, adv) for _ in range(2)]
+        weights = adapters.adapter_parameters(trainer.model, "solver")
+        assert all(p.grad is None for n, p in trainer.model.named_parameters() if "lora_" not in n)  # base frozen
+        results[on] = metrics, {k: v.detach().clone() for k, v in weights.items()}
+    (m_on, w_on), (m_off, w_off) = results[True], results[False]
+    for a, b in zip(m_on, m_off):
+        assert a["loss/m"] == pytest.approx(b["loss/m"], rel=1e-5, abs=1e-7)
+        assert a["grad_norm/m"] == pytest.approx(b["grad_norm/m"], rel=1e-5)
+    assert m_off[1]["grad_norm/m"] > 0
+    assert w_on.keys() == w_off.keys() and len(w_on) == 3 * 2 * layers  # A and B of 3 modules per layer
+    for name in w_on:
+        torch.testing.assert_close(w_on[name], w_off[name], rtol=1e-5, atol=1e-7)
 
 
 HEAP_PROBE = """

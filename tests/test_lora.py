@@ -89,6 +89,12 @@ def test_merged_export_without_adapters_and_unknown_target_modules_are_refused(t
         assembly.adapter_trainers(cfg, IDS, CPU)
 
 
+def test_activation_checkpointing_false_keeps_the_bases_activations(tiny_model_dir):
+    cfg = _cfg(tiny_model_dir, "models.base.activation_checkpointing=false")
+    trainers, _ = assembly.adapter_trainers(cfg, IDS[:1], CPU)
+    assert not trainers[0].model.is_gradient_checkpointing
+
+
 def test_adapters_are_model_ids_of_their_own():
     cfg = load_config(LORA, ["pipeline.learner_base_port=5610"])
     assert assembly.trained_models(cfg) == IDS and assembly.engine_models(cfg) == ["base"]
@@ -111,6 +117,7 @@ def test_each_adapter_trains_on_its_own_samples_with_its_own_optimizer(lora):
     _, engine, (solver, verifier) = lora
     model = solver.model
     assert verifier.model is model  # one copy of the base for both
+    assert model.is_gradient_checkpointing  # models.base.activation_checkpointing (default): the base recomputes
     assert not any(p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
     solver_params = {id(p) for p in solver.params}
     assert solver_params == {id(p) for p in adapters.adapter_parameters(model, "solver").values()}

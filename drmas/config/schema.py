@@ -148,7 +148,8 @@ class ModelConfig:
         "positions) in the backward pass instead of keeping them from the forward (PyTorch activation "
         "checkpointing). Keeps the learner's memory near its weights, gradients and AdamW state (SmolLM2-135M, "
         "8 samples of 280 tokens: 4 GB of activations per micro-batch without it) for about one more forward "
-        "pass per micro-batch. false: faster where memory is plentiful. Not applied to adapters' learners.")
+        "pass per micro-batch. false: faster where memory is plentiful. With adapters: the frozen base's layers, "
+        "through which every adapter's backward passes.")
     heap_mmap_threshold_kb: int = _f(
         1024, "Learner process (glibc): memory blocks of at least this many KiB get a mapping of their own, returned "
         "to the system when freed, so the process's resident memory follows its live tensors (glibc's default "
