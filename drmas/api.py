@@ -19,7 +19,10 @@ registers components by name; a config then chooses them like the built-ins:
   `AssertTool` over it to run a solution against assert statements; docs/sandbox.md), its limits a
   `SandboxConfig` the system's settings embed (``sandbox: SandboxConfig = help_field(SandboxConfig, ...)``
   makes `system.sandbox.*` keys, typed, checked and listed like the rest);
-* **engines** (`rollout.engine`, `ENGINES`) and **retrievers** (`retrieval.backend`, `RETRIEVERS`).
+* **engines** (`rollout.engine`, `ENGINES`) and **retrievers** (`retrieval.backend`, `RETRIEVERS`);
+* **tool-call parsers** (`TOOL_PARSERS`: a reply's text -> its content and `ParsedCall`s), for models whose
+  template writes calls in another format than the built-in `hermes`. An agent is offered functions by
+  `AgentTurn(..., tools=[...])` (OpenAI's definitions, rendered by the chat template).
 
 Settings classes are dataclasses subclassing `SystemSettings` / `TaskSettings`, every field declared with
 `help_field(default, help)`, checks in `problems(where)` (see `Section`; `at_least` and `one_of` help), so
@@ -57,6 +60,7 @@ from drmas.mas.base import (
     ToolCall,
     TurnResult,
 )
+from drmas.mas.tool_calls import TOOL_PARSERS, ParsedCall
 from drmas.retrieval.base import Hit, Passage, Retriever
 from drmas.retrieval.factory import RETRIEVERS
 from drmas.tasks import TASKS
@@ -76,7 +80,9 @@ __all__ = [
     # settings
     "SystemSettings", "TaskSettings", "Section", "help_field",
     # the registries (each `.register(name[, settings=...])` is the decorator)
-    "ORCHESTRAS", "AGENT_ROLES", "TASKS", "ENGINES", "RETRIEVERS",
+    "ORCHESTRAS", "AGENT_ROLES", "TASKS", "ENGINES", "RETRIEVERS", "TOOL_PARSERS",
+    # tool calling: an AgentTurn's `tools` are rendered by the chat template; a parser finds a reply's calls
+    "ParsedCall",
     # the code-execution sandbox (a tool) and its settings
     "SandboxTool", "SandboxRequest", "SandboxResult", "AssertTool", "AssertRequest", "AssertReport", "SandboxConfig",
     # engines and retrievers

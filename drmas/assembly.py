@@ -39,6 +39,7 @@ from drmas.engines.base import AdapterSlot, Engine, SamplingParams
 from drmas.mas import ORCHESTRAS
 from drmas.mas.agents import AGENT_ROLES, RoleAgent
 from drmas.mas.base import Orchestra
+from drmas.mas.tool_calls import TOOL_PARSERS
 from drmas.models import checkpoint
 from drmas.models.loading import resolve_model_path
 from drmas.plugins import import_plugins
@@ -83,6 +84,9 @@ def check_components(cfg: DrmasConfig) -> list[str]:
         ("rollout.engine", cfg.rollout.engine, ENGINES),
         ("retrieval.backend", cfg.retrieval.backend, RETRIEVERS),
     ) if (problem := registry.problem(value, key))]
+    parser = getattr(cfg.system, "tool_parser", None)  # the external system's (or a plugin system's) setting
+    if isinstance(parser, str) and (problem := TOOL_PARSERS.problem(parser, "system.tool_parser")):
+        found.append(problem + _PLUGIN_HINT)
     if cfg.rollout.engine in ENGINES:
         found.extend(_engine_problems(cfg))
         with_adapters = [m for m in engine_models(cfg) if cfg.models[m].adapters]

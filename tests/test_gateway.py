@@ -8,6 +8,7 @@ restarted): tests/test_gateway_pipeline.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -21,13 +22,17 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from openai.types.chat import ChatCompletion
 from pipeline_harness import smoke_model  # noqa: F401  (a fixture)
 
 from drmas import assembly
 from drmas.cli import main
 from drmas.config import ConfigError
 from drmas.config.restarts import RestartConfig
+from drmas.gateway import openai_api as api
 from drmas.gateway.program import AgentProgram, ProgramFailed
+from drmas.mas.base import Reply
+from drmas.mas.tool_calls import parse_hermes
 from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,10 +141,14 @@ def test_calls_are_answered_and_recorded_and_bad_requests_get_openai_errors(engi
         refused = {
             "model_not_found": (openai.NotFoundError, dict(model="planner")),
             "stream": (openai.BadRequestError, dict(stream=True)),
-            "tools": (openai.BadRequestError, dict(tools=[{"type": "function", "function": {"name": "f"}}])),
+            "tool_choice": (openai.BadRequestError, dict(tools=[{"type": "function", "function": {"name": "f"}}],
+                                                         tool_choice="required")),
+            "functions": (openai.BadRequestError, dict(functions=[{"name": "f"}])),
+            "arguments": (openai.BadRequestError, dict(messages=[{"role": "assistant", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}])),
             "n": (openai.BadRequestError, dict(n=100)),
             "temperature": (openai.BadRequestError, dict(temperature=7)),
-            "messages": (openai.BadRequestError, dict(messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}])),
+            "messages": (openai.BadRequestError, dict(messages=[{"role": "function", "content": "x", "name": "f"}])),
             "content": (openai.BadRequestError, dict(messages=[{"role": "user", "content": [{"type": "image_url"}]}])),
             "max_tokens": (openai.BadRequestError, dict(max_tokens=0)),
             "stop": (openai.BadRequestError, dict(stop=["a", "b", "c", "d", "e"])),
@@ -225,6 +234,55 @@ def test_a_gateway_off_loopback_takes_only_the_runs_token(engine):
 
 
 TIMEOUT_S = 4.0  # long enough for a call on a loaded machine
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_tools_reach_the_prompt_and_tool_calls_come_back_as_openai_tool_calls(engine):
+    """An agent-framework program's tool round trip through the real openai client: the request's tools and its
+    history (an assistant's tool call, the tool's result) are rendered into the recorded sample's prompt (the
+    tiny model's template knows no tools: drmas writes them in the Hermes format); tool_choice none leaves them
+    out. A reply holding <tool_call> blocks comes back as the client's `tool_calls` (finish reason tool_calls)."""
+    cfg = _config("system.command=" + json.dumps(IDLE))
+    answers: dict = {}
+    history = [{"role": "user", "content": "Weather in Oslo?"},
+               {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                   "name": "get_weather", "arguments": json.dumps({"city": "Oslo"})}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "light snow, -3 C"}]
+
+    def program(url: str, token: str) -> None:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0)
+        eid = _claim(url, token)["id"]
+        answers["tools"] = _ask(client, eid, messages=history, tools=[WEATHER], tool_choice="auto", max_tokens=3)
+        answers["none"] = _ask(client, eid, messages=history[:1], tools=[WEATHER], tool_choice="none", max_tokens=3)
+        assert _end(url, eid, {"reward": 1.0}).status_code == 200
+
+    (result,) = _run(_runner(cfg, engine), _requests(cfg, groups=1, size=1), program)
+    tokenizer = engine["policy"].tokenizer
+    with_tools, without = (tokenizer.decode(s.prompt_ids) for s in result.samples)
+    assert "<tools>" in with_tools and '"name": "get_weather"' in with_tools and "current weather" in with_tools
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in with_tools
+    assert "<tool_response>\nlight snow, -3 C\n</tool_response>" in with_tools
+    assert "get_weather" not in without
+    assert answers["tools"].choices[0].message.tool_calls is None  # the tiny model wrote no call in 3 tokens
+
+    # a reply with calls, as the gateway answers it, read by the client's own types
+    reply = Reply('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Bergen"}}\n</tool_call>'
+                  '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}</tool_call>', 9, 30, "stop", 3)
+    call = api.decode_chat(json.dumps({"model": "solver", "messages": history, "tools": [WEATHER]}).encode(),
+                           ["solver"], honour_sampling=False)
+    done = ChatCompletion.model_validate(api.completion("chatcmpl-x", call, [reply], "policy", parse_hermes))
+    choice = done.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [
+        ("get_weather", {"city": "Bergen"}), ("get_weather", {"city": "Oslo"})]
+    assert len({c.id for c in choice.message.tool_calls}) == 2
+    plain = ChatCompletion.model_validate(api.completion("chatcmpl-y", dataclasses.replace(call, tools=None), [reply],
+                                                         "policy", parse_hermes))
+    assert plain.choices[0].message.tool_calls is None and "<tool_call>" in plain.choices[0].message.content
 
 
 def test_an_episode_never_ended_is_dropped(engine):

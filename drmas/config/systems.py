@@ -101,6 +101,11 @@ class ExternalSettings(SystemSettings):
         0.2, "When no engine has work, how long the rollout waits for the next calls of the episodes it has just "
         "answered (or opened), so they start in one batch instead of trickling in.")
     max_request_kb: int = _f(4096, "Largest request body the gateway accepts, in KiB (larger: 413).")
+    tool_parser: str = _f(
+        "hermes", "How the gateway finds tool calls in a reply to a request that offered tools (a registered tool "
+        "parser; built in: hermes, <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> blocks, the format "
+        "of Qwen2.5/3, Hermes and SmolLM3 templates and of the one drmas writes for a template that knows no tools). "
+        "See docs/gateway.md.")
     max_restarts: int = _f(
         3, "Restarts of a program that exited before the rollout gives up (its episodes in flight are dropped at "
         "each exit); past it the rollout ends with an error, which its launcher may restart. Exit code 2 (a bad "

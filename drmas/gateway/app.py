@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass
 from functools import wraps
 from http import HTTPStatus
-from typing import Awaitable, Callable, Mapping
+from typing import Awaitable, Callable, Mapping, Optional
 
 import msgspec
 from starlette.applications import Starlette
@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from drmas.gateway import openai_api as api
 from drmas.gateway.inbox import Call, End, Inbox
+from drmas.mas.tool_calls import ToolParser
 from drmas.runtime.http import RequestError, read_body
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class AppSettings:
     max_body_bytes: int
     honour_sampling: bool  # system.sampling == "request"
     claim_wait_s: float
+    tool_parser: Optional[ToolParser] = None  # system.tool_parser: a reply's text -> content and tool calls
 
 
 def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
@@ -99,7 +101,7 @@ def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
         event = Call(api.new_completion_id(), call)
         inbox.submit(episode_id, event)
         replies = await asyncio.wrap_future(event.future)
-        return api.completion(event.id, call, replies, settings.agents[call.agent])
+        return api.completion(event.id, call, replies, settings.agents[call.agent], settings.tool_parser)
 
     @guarded
     async def claim(request: Request) -> dict:

@@ -6,17 +6,21 @@ and the status an OpenAI client expects (400 bad request, 401 bad key, 404 unkno
 episode that has ended or was dropped, 413 body too large, 503 nothing to hand out / stopping). No sockets
 here (`drmas.gateway.app`), no episode state (`drmas.gateway.inbox`).
 
-What a chat completion honours: `messages` (system, developer = system, user, assistant; text content, as a
-string or text parts), `max_tokens` / `max_completion_tokens` (capped by the agent's `max_new_tokens`), `stop`
-(up to 4 strings; cut from the returned content, as OpenAI does), `n` (up to `MAX_N` choices, each a sample);
-`temperature`, `top_p` and `seed` only with `system.sampling: request` (by default the agent's configured
-sampling decides, so training explores and evaluation samples as configured). Refused with a clear error:
-`stream: true`, tools and function calling, `logprobs`, non-zero penalties, `logit_bias`, non-text content.
-Unknown fields are ignored, as OpenAI-compatible servers do.
+What a chat completion honours: `messages` (system, developer = system, user, assistant, tool; text content, as
+a string or text parts; an assistant's `tool_calls`), `tools` (function definitions, rendered by the chat
+template, `drmas.mas.tool_calls`) with `tool_choice` auto or none, `max_tokens` / `max_completion_tokens`
+(capped by the agent's `max_new_tokens`), `stop` (up to 4 strings; cut from the returned content, as OpenAI
+does), `n` (up to `MAX_N` choices, each a sample); `temperature`, `top_p` and `seed` only with `system.sampling:
+request` (by default the agent's configured sampling decides, so training explores and evaluation samples as
+configured). A reply's tool calls are parsed by `system.tool_parser` into the message's `tool_calls` (finish
+reason `tool_calls`). Refused with a clear error: `stream: true`, a forced `tool_choice` (required or a named
+function: it needs constrained decoding), the legacy `functions`, `logprobs`, non-zero penalties,
+`logit_bias`, non-text content. Unknown fields are ignored, as OpenAI-compatible servers do.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -28,14 +32,15 @@ from typing import Any, Optional, Sequence, Union
 import msgspec
 
 from drmas.mas.base import Reply
+from drmas.mas.tool_calls import ToolParser
 
 MAX_N = 8  # choices per call: each is a sample, generated one after another (see docs/gateway.md)
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_STOP_CHARS = 256
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_TOOLS = 128
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _UNSUPPORTED = {  # request field -> why it is refused when set
-    "tools": "tool and function calling", "tool_choice": "tool and function calling",
-    "functions": "tool and function calling", "function_call": "tool and function calling",
+    "functions": "the legacy function calling (use tools)", "function_call": "the legacy function calling (use tools)",
     "logit_bias": "logit_bias", "audio": "audio output", "prediction": "predicted outputs",
 }
 
@@ -65,9 +70,35 @@ class _Part(msgspec.Struct):
     text: Optional[str] = None
 
 
+class _Function(msgspec.Struct):
+    name: str
+    arguments: str = "{}"  # a JSON object, as a string (as the API sends it)
+
+
+class _ToolCall(msgspec.Struct):
+    function: _Function
+    id: Optional[str] = None
+    type: str = "function"
+
+
 class _Message(msgspec.Struct):
     role: str
     content: Union[str, list[_Part], None] = None
+    tool_calls: Optional[list[_ToolCall]] = None  # an assistant's
+    tool_call_id: Optional[str] = None  # a tool result's
+    name: Optional[str] = None
+
+
+class _FunctionDef(msgspec.Struct):
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class _Tool(msgspec.Struct):
+    function: _FunctionDef
+    type: str = "function"
 
 
 class ChatRequest(msgspec.Struct):
@@ -88,8 +119,8 @@ class ChatRequest(msgspec.Struct):
     frequency_penalty: Optional[float] = None
     presence_penalty: Optional[float] = None
     response_format: Any = None
-    tools: Any = None
-    tool_choice: Any = None
+    tools: Optional[list[_Tool]] = None
+    tool_choice: Union[str, dict, None] = None
     functions: Any = None
     function_call: Any = None
     logit_bias: Any = None
@@ -107,6 +138,7 @@ class ChatCall:
     stop: tuple[str, ...]  # the request's own stop strings, cut from the returned content
     n: int
     user: Optional[str]
+    tools: Optional[list[dict]] = None  # OpenAI's function definitions, for the chat template
 
 
 class RewardRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -167,7 +199,7 @@ def decode_chat(body: bytes, agents: Sequence[str], honour_sampling: bool) -> Ch
                 sampling[key] = getattr(req, key)
         if req.seed is not None:
             sampling["seed"] = req.seed % 2**63
-    return ChatCall(req.model, _messages(req.messages), sampling, stop, n, req.user)
+    return ChatCall(req.model, _messages(req.messages), sampling, stop, n, req.user, _tools(req))
 
 
 def decode_reward(body: bytes) -> RewardRequest:
@@ -207,6 +239,26 @@ def _stop_strings(stop: Union[str, list[str], None]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(strings))
 
 
+def _tools(req: ChatRequest) -> Optional[list[dict]]:
+    """The request's function definitions as the chat template takes them (None: none, or tool_choice none)."""
+    choice = req.tool_choice
+    if choice not in (None, "auto", "none"):
+        raise bad_request(f"tool_choice {choice!r} is not supported by the drmas gateway (auto or none: forcing a call "
+                          "needs constrained decoding)", "tool_choice", "unsupported_parameter")
+    if not req.tools or choice == "none":
+        return None
+    if len(req.tools) > MAX_TOOLS:
+        raise bad_request(f"at most {MAX_TOOLS} tools, got {len(req.tools)}", "tools")
+    out = []
+    for i, tool in enumerate(req.tools):
+        if tool.type != "function" or not tool.function.name:
+            raise bad_request(f"tools[{i}]: only function tools with a name are supported", "tools")
+        function = {"name": tool.function.name, "description": tool.function.description or "",
+                    "parameters": tool.function.parameters or {"type": "object", "properties": {}}}
+        out.append({"type": "function", "function": function})
+    return out
+
+
 def _messages(messages: list[_Message]) -> list[dict]:
     if not messages:
         raise bad_request("messages must not be empty", "messages")
@@ -215,18 +267,37 @@ def _messages(messages: list[_Message]) -> list[dict]:
         role = ROLES.get(message.role)
         if role is None:
             raise bad_request(f"messages[{i}].role {message.role!r} is not supported by the drmas gateway (roles: "
-                              f"{', '.join(ROLES)}; tool messages need tool calling, which it does not support)",
-                              "messages")
-        out.append({"role": role, "content": _text(message.content, i)})
+                              f"{', '.join(ROLES)})", "messages")
+        calls = message.tool_calls if role == "assistant" else None
+        entry: dict = {"role": role, "content": "" if calls and message.content is None else _text(message.content, i)}
+        if calls:
+            entry["tool_calls"] = [_call(call, i, j) for j, call in enumerate(calls)]
+        if role == "tool":
+            entry["tool_call_id"] = message.tool_call_id or ""
+            if message.name:
+                entry["name"] = message.name
+        out.append(entry)
     return out
+
+
+def _call(call: _ToolCall, i: int, j: int) -> dict:
+    """An assistant's earlier tool call as chat templates take it (arguments as an object)."""
+    where = f"messages[{i}].tool_calls[{j}].function.arguments"
+    try:
+        arguments = json.loads(call.function.arguments) if call.function.arguments.strip() else {}
+    except ValueError as exc:
+        raise bad_request(f"{where} is not JSON: {exc}", "messages") from None
+    if not isinstance(arguments, dict):
+        raise bad_request(f"{where} must be a JSON object", "messages")
+    return {"id": call.id or "", "type": "function", "function": {"name": call.function.name, "arguments": arguments}}
 
 
 def _text(content: Union[str, list[_Part], None], i: int) -> str:
     if isinstance(content, str):
         return content
     if content is None:
-        raise bad_request(f"messages[{i}].content is missing (a message without text, e.g. tool calls, is not "
-                          "supported by the drmas gateway)", "messages")
+        raise bad_request(f"messages[{i}].content is missing (only an assistant message with tool_calls may go "
+                          "without)", "messages")
     if any(part.type != "text" or part.text is None for part in content):
         raise bad_request(f"messages[{i}].content: only text parts are supported by the drmas gateway", "messages")
     return "".join(part.text for part in content)  # type: ignore[misc]
@@ -239,10 +310,15 @@ def new_completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def completion(completion_id: str, call: ChatCall, replies: Sequence[Reply], model_id: str) -> dict:
-    """The chat.completion object of `replies` (one per choice); `system_fingerprint` names the weights."""
-    choices = [{"index": i, "message": {"role": "assistant", "content": _cut(reply.text, call.stop)},
+def completion(completion_id: str, call: ChatCall, replies: Sequence[Reply], model_id: str,
+               tool_parser: Optional[ToolParser] = None) -> dict:
+    """The chat.completion object of `replies` (one per choice); `system_fingerprint` names the weights. With
+    tools offered, each reply's calls are parsed out by `tool_parser` into the message's `tool_calls`."""
+    choices = [{"index": i, "message": _message(_cut(reply.text, call.stop), call, tool_parser),
                 "finish_reason": reply.finish_reason, "logprobs": None} for i, reply in enumerate(replies)]
+    for choice in choices:
+        if choice["message"].get("tool_calls"):
+            choice["finish_reason"] = "tool_calls"
     prompt = replies[0].prompt_tokens if replies else 0
     generated = sum(reply.completion_tokens for reply in replies)
     return {
@@ -251,6 +327,15 @@ def completion(completion_id: str, call: ChatCall, replies: Sequence[Reply], mod
         "choices": choices,
         "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
     }
+
+
+def _message(text: str, call: ChatCall, tool_parser: Optional[ToolParser]) -> dict:
+    if not call.tools or tool_parser is None:
+        return {"role": "assistant", "content": text}
+    content, calls = tool_parser(text)
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": content or None, "tool_calls": [c.openai() for c in calls]}
 
 
 def _cut(text: str, stops: tuple[str, ...]) -> str:

@@ -17,6 +17,7 @@ from typing import Mapping
 from drmas.config.systems import PROGRAM_VARIABLES, ExternalSettings
 from drmas.gateway.app import EPISODE_HEADER, AppSettings, build_app
 from drmas.gateway.inbox import Inbox
+from drmas.mas.tool_calls import TOOL_PARSERS
 from drmas.runtime.http import HttpService
 from drmas.runtime.netsec import is_loopback_host
 
@@ -31,7 +32,7 @@ class GatewayService:
         app = build_app(inbox, AppSettings(
             agents=dict(agents), token=self.token, require_token=self.require_token,
             max_body_bytes=settings.max_request_kb * 1024, honour_sampling=settings.sampling == "request",
-            claim_wait_s=settings.claim_wait_s))
+            claim_wait_s=settings.claim_wait_s, tool_parser=TOOL_PARSERS.lookup(settings.tool_parser, "system.tool_parser")))
         self._http = HttpService(app, settings.host, settings.port, "drmas gateway")
         self._agents = list(agents)
 

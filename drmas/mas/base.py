@@ -50,6 +50,10 @@ class AgentTurn:
     # added to it, max_new_tokens is capped by it (the gateway: what an HTTP request asked for)
     sampling: Optional[Mapping[str, Any]] = None
     detailed: bool = False  # send back a `Reply` (text, token counts, finish reason, version) instead of the text
+    # functions the agent may call, as OpenAI's tool definitions ({"type": "function", "function": {"name", "description",
+    # "parameters"}}), rendered into the prompt by the chat template (drmas.mas.tool_calls); messages may then hold
+    # assistant `tool_calls` and `tool` results
+    tools: Optional[Sequence[Mapping[str, Any]]] = None
 
 
 @dataclass(frozen=True)

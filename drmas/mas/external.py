@@ -146,7 +146,8 @@ class ExternalOrchestra:
         request, replies = call.request, []
         try:
             for _ in range(request.n):
-                reply = yield AgentTurn(request.agent, request.messages, sampling=request.sampling, detailed=True)
+                reply = yield AgentTurn(request.agent, request.messages, sampling=request.sampling, detailed=True,
+                                        tools=request.tools)
                 if isinstance(reply, str):  # a scripted agent's turn
                     reply = Reply(reply, 0, 0, "stop", 0)
                 call_turns.setdefault(call.id, []).append(len(turns))

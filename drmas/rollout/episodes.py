@@ -51,6 +51,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from drmas.core.sample import Sample
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
 from drmas.mas.base import PENDING, AgentTurn, EpisodeOutcome, Orchestra, Reply, ToolCall
+from drmas.mas.tool_calls import prompt_ids
 from drmas.rollout.failures import EpisodeFailure, FailureBook, ToolFailed, call_isolated
 from drmas.rollout.samples import Call, episode_samples
 from drmas.tasks.base import Problem
@@ -405,10 +406,7 @@ class EpisodeRunner:
 
     @staticmethod
     def _encode(engine: Engine, turn: AgentTurn) -> list[int]:
-        ids = engine.tokenizer.apply_chat_template(turn.messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        return prompt_ids(engine.tokenizer, turn.messages, turn.tools)
 
     def _advance(
         self, item: _Live, response: object, live: list[_Live], on_result: Callable[[EpisodeResult], None],
