@@ -60,7 +60,7 @@ from drmas.mas.base import (
     ToolCall,
     TurnResult,
 )
-from drmas.mas.tool_calls import TOOL_PARSERS, ParsedCall
+from drmas.core.tool_calls import TOOL_PARSERS, ParsedCall
 from drmas.retrieval.base import Hit, Passage, Retriever
 from drmas.retrieval.factory import RETRIEVERS
 from drmas.tasks import TASKS

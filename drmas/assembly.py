@@ -39,7 +39,7 @@ from drmas.engines.base import AdapterSlot, Engine, SamplingParams
 from drmas.mas import ORCHESTRAS
 from drmas.mas.agents import AGENT_ROLES, RoleAgent
 from drmas.mas.base import Orchestra
-from drmas.mas.tool_calls import TOOL_PARSERS
+from drmas.core.tool_calls import TOOL_PARSERS
 from drmas.models import checkpoint
 from drmas.models.loading import resolve_model_path
 from drmas.plugins import import_plugins

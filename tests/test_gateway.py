@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,7 +33,8 @@ from drmas.config.restarts import RestartConfig
 from drmas.gateway import openai_api as api
 from drmas.gateway.program import AgentProgram, ProgramFailed
 from drmas.mas.base import Reply
-from drmas.mas.tool_calls import parse_hermes
+from drmas.core.tool_calls import parse_hermes
+from drmas.runtime.metrics import read_metrics
 from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -283,6 +285,35 @@ def test_tools_reach_the_prompt_and_tool_calls_come_back_as_openai_tool_calls(en
     plain = ChatCompletion.model_validate(api.completion("chatcmpl-y", dataclasses.replace(call, tools=None), [reply],
                                                          "policy", parse_hermes))
     assert plain.choices[0].message.tool_calls is None and "<tool_call>" in plain.choices[0].message.content
+
+
+TOOL_CALL_AND_RESULT = re.compile(r'<tool_call>\n\{"name": "add", "arguments": \{"a": (-?\d+), "b": (-?\d+)\}\}\n'
+                                  r'</tool_call>.*?<tool_response>\n(-?\d+)\n</tool_response>', re.DOTALL)
+
+
+def test_a_tool_calling_program_runs_its_tools_through_the_gateway_and_trains(tmp_path):
+    """examples/openai_agents/tools_agent.py (the tool loop of every agent framework, in plain openai client code,
+    offering an `add` function) on a tiny model primed to write Hermes tool calls: the model's calls reach the
+    program as the client's `tool_calls`, the program runs them, and their results are in the next call's prompt,
+    as the model wrote the call; then the example trains (a colocated step)."""
+    config = EXAMPLE / "tools_config.yaml"
+    cfg = assembly.load_config(config, [f"system.workdir={EXAMPLE}"])
+    engine = {"policy": assembly.build_engine(cfg, "policy", assembly.model_path(cfg, "policy"), 0)}
+    results = _run(_runner(cfg, engine), _requests(cfg, groups=2, size=4))
+    assert [r.outcome.dropped for r in results] == [""] * 8
+    tokenizer = engine["policy"].tokenizer
+    samples = [s for r in results for s in r.samples]
+    assert any("<tool_call>" in tokenizer.decode(s.response_ids) for s in samples)
+    fed_back = [TOOL_CALL_AND_RESULT.search(tokenizer.decode(s.prompt_ids)) for s in samples]
+    fed_back = [m for m in fed_back if m]
+    assert fed_back, "no call's result reached a later prompt"
+    assert all(int(m[1]) + int(m[2]) == int(m[3]) for m in fed_back)  # the program's add ran on the model's arguments
+    assert all('"name": "add"' in tokenizer.decode(s.prompt_ids) for s in samples)  # the tools, in every prompt
+
+    out = tmp_path / "run"
+    assert main(["run", "--config", str(config), f"system.workdir={EXAMPLE}", f"trainer.output_dir={out}",
+                 "logging.tensorboard=false", "eval.n_problems=0", "trainer.steps=1"]) == 0
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1]
 
 
 def test_an_episode_never_ended_is_dropped(engine):

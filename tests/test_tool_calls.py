@@ -1,4 +1,4 @@
-"""Tool calling in chat turns (drmas.mas.tool_calls): the Hermes parser on the forms models write, and prompts
+"""Tool calling in chat turns (drmas.core.tool_calls): the Hermes parser on the forms models write, and prompts
 rendered by real chat templates, one that knows tools (they reach the template's own rendering) and one that does
 not (drmas writes them in the Hermes format). The gateway's round trip through the openai client:
 tests/test_gateway.py."""
@@ -16,7 +16,7 @@ from drmas import assembly
 from drmas.config import ConfigError
 from drmas.engines.embedded import EmbeddedEngine
 from drmas.mas.base import AgentTurn
-from drmas.mas.tool_calls import TOOL_PARSERS, ParsedCall, knows_tools, parse_hermes, prompt_ids
+from drmas.core.tool_calls import TOOL_PARSERS, ParsedCall, knows_tools, parse_hermes, prompt_ids
 from drmas.rollout.episodes import EpisodeRunner
 
 TOOL = {"type": "function", "function": {"name": "add", "description": "Add two integers.",

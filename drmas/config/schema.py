@@ -33,7 +33,7 @@ NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 PIPELINE_MODES = ("colocated", "async")
 HEAP_MMAP_THRESHOLD_MAX_KB = 32 * 1024  # models.<id>.heap_mmap_threshold_kb: glibc refuses above 32 MiB on 64-bit
-PRIME_SYSTEMS = ("math", "search", "code")  # models.<id>.tiny.prime_system (drmas/models/priming.py FORMATS)
+PRIME_SYSTEMS = ("math", "search", "code", "tools")  # models.<id>.tiny.prime_system (drmas/models/priming.py FORMATS)
 ADAPTER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # models.<id>.adapters keys (peft module keys, vLLM names)
 
 
@@ -65,7 +65,8 @@ class TinyModelConfig:
     )
     prime_system: str = _f("math", "Whose output formats priming teaches: 'math' (boxed answers, approve/reject), "
                            "'search' (yes/no routing, <search> queries, <answer> tags) or 'code' (a Python function "
-                           "in a ```python block, assert statements: examples/code_review).")
+                           "in a ```python block, assert statements: examples/code_review) or 'tools' (Hermes "
+                           "<tool_call> blocks calling add, boxed answers: examples/openai_agents/tools_agent.py).")
 
 
 @dataclass

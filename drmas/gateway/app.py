@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from drmas.gateway import openai_api as api
 from drmas.gateway.inbox import Call, End, Inbox
-from drmas.mas.tool_calls import ToolParser
+from drmas.core.tool_calls import ToolParser
 from drmas.runtime.http import RequestError, read_body
 
 log = logging.getLogger(__name__)

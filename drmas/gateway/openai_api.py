@@ -8,7 +8,7 @@ here (`drmas.gateway.app`), no episode state (`drmas.gateway.inbox`).
 
 What a chat completion honours: `messages` (system, developer = system, user, assistant, tool; text content, as
 a string or text parts; an assistant's `tool_calls`), `tools` (function definitions, rendered by the chat
-template, `drmas.mas.tool_calls`) with `tool_choice` auto or none, `max_tokens` / `max_completion_tokens`
+template, `drmas.core.tool_calls`) with `tool_choice` auto or none, `max_tokens` / `max_completion_tokens`
 (capped by the agent's `max_new_tokens`), `stop` (up to 4 strings; cut from the returned content, as OpenAI
 does), `n` (up to `MAX_N` choices, each a sample); `temperature`, `top_p` and `seed` only with `system.sampling:
 request` (by default the agent's configured sampling decides, so training explores and evaluation samples as
@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence, Union
 import msgspec
 
 from drmas.mas.base import Reply
-from drmas.mas.tool_calls import ToolParser
+from drmas.core.tool_calls import ToolParser
 
 MAX_N = 8  # choices per call: each is a sample, generated one after another (see docs/gateway.md)
 MAX_STOP = 4  # stop strings per request, as OpenAI allows

@@ -17,7 +17,7 @@ from typing import Mapping
 from drmas.config.systems import PROGRAM_VARIABLES, ExternalSettings
 from drmas.gateway.app import EPISODE_HEADER, AppSettings, build_app
 from drmas.gateway.inbox import Inbox
-from drmas.mas.tool_calls import TOOL_PARSERS
+from drmas.core.tool_calls import TOOL_PARSERS
 from drmas.runtime.http import HttpService
 from drmas.runtime.netsec import is_loopback_host
 

@@ -51,7 +51,7 @@ class AgentTurn:
     sampling: Optional[Mapping[str, Any]] = None
     detailed: bool = False  # send back a `Reply` (text, token counts, finish reason, version) instead of the text
     # functions the agent may call, as OpenAI's tool definitions ({"type": "function", "function": {"name", "description",
-    # "parameters"}}), rendered into the prompt by the chat template (drmas.mas.tool_calls); messages may then hold
+    # "parameters"}}), rendered into the prompt by the chat template (drmas.core.tool_calls); messages may then hold
     # assistant `tool_calls` and `tool` results
     tools: Optional[Sequence[Mapping[str, Any]]] = None
 

@@ -7,6 +7,8 @@ formats* with random numbers (`The answer is \\boxed{7}.`, `<verify>reject</veri
 answers to problems. The primed model writes well-formed outputs with arbitrary numbers, so rewards
 vary within a group and the whole training path runs for real. The `code` formats (a function in a code block,
 asserts) use made-up function names, none of a task's: a coder is valid only when it names the task's function.
+The `tools` formats (a tool call, a boxed answer) come after prompts that offer no tools: the primed model calls
+its tool at random, enough for a tool round trip to run for real, not to use the tool well.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import random
 
 import torch
 
+from drmas.core.tool_calls import prompt_ids as chat_prompt_ids
+
 _SOLVER_FORMATS = ("The answer is \\boxed{{{n}}}.", "{a} + {b} = {n}, so \\boxed{{{n}}}.")
 _VERIFIER_FORMATS = ("<verify>approve</verify>", "<verify>reject</verify>")
 _SEARCH_FORMATS = ("<verify>yes</verify>", "<verify>no</verify>", "<search>{w} {v}</search>", "<answer>{w}</answer>",
@@ -23,7 +27,11 @@ _SEARCH_FORMATS = ("<verify>yes</verify>", "<verify>no</verify>", "<search>{w} {
 # a code block defining a function, and asserts calling one (examples/code_review's coder and tester)
 _CODE_FORMATS = ("```python\ndef {f}(x):\n    return x + {n}\n```", "```python\ndef {f}(a, b):\n    return a * b\n```",
                  "```python\nassert {f}({a}) == {n}\n```", "```python\nassert {f}({a}, {b}) == {n}\n```")
-FORMATS = {"math": _SOLVER_FORMATS + _VERIFIER_FORMATS, "search": _SEARCH_FORMATS, "code": _CODE_FORMATS}
+# a Hermes tool call of an `add` function, and a boxed answer (examples/openai_agents/tools_agent.py)
+_TOOL_FORMATS = ('<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>',
+                 "The answer is \\boxed{{{n}}}.")
+FORMATS = {"math": _SOLVER_FORMATS + _VERIFIER_FORMATS, "search": _SEARCH_FORMATS, "code": _CODE_FORMATS,
+           "tools": _TOOL_FORMATS}
 _FUNCTIONS = ("f", "total", "double", "count", "value", "combine", "check", "size")
 _WORDS = ("city", "born", "river", "company", "founded", "mentor", "year", "Veska", "Talomir", "Orvane", "Kesh",
           "Ludra", "Mirel", "piano", "engineer", "capital", "Dovrin", "Sela")
@@ -50,12 +58,19 @@ def _filler(rng: random.Random) -> str:
     return " ".join(rng.choice(words) for _ in range(rng.randint(8, 48)))
 
 
-def _example(tokenizer, rng: random.Random, response: str) -> tuple[list[int], int]:
-    """Token ids of chat prompt + response + end of turn, and where the response starts."""
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": _filler(rng)}], add_generation_prompt=True, tokenize=False
-    )
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+_ADD_TOOL = {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+
+
+def _example(tokenizer, rng: random.Random, response: str, system: str = "math") -> tuple[list[int], int]:
+    """Token ids of chat prompt + response + end of turn, and where the response starts. The `tools` formats
+    follow prompts that offer a tool as drmas renders it, so they hold after such a prompt."""
+    messages = [{"role": "user", "content": _filler(rng)}]
+    if system == "tools":
+        prompt_ids = chat_prompt_ids(tokenizer, messages, [_ADD_TOOL])
+    else:
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     response_ids = tokenizer(response + (tokenizer.eos_token or ""), add_special_tokens=False)["input_ids"]
     return prompt_ids + response_ids, len(prompt_ids)
 
@@ -87,7 +102,7 @@ def prime_formats(model: torch.nn.Module, tokenizer, steps: int, seed: int, batc
     model.train()
     last = float("nan")
     for _ in range(steps):
-        examples = [_example(tokenizer, rng, text) for text in format_corpus(rng, batch_size, system=system)]
+        examples = [_example(tokenizer, rng, text, system) for text in format_corpus(rng, batch_size, system=system)]
         width = max(len(ids) for ids, _ in examples)
         input_ids = torch.full((len(examples), width), pad, dtype=torch.long)
         labels = torch.full_like(input_ids, -100)
