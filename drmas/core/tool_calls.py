@@ -90,14 +90,13 @@ def _call_of(body: str) -> Optional[ParsedCall]:
 def prompt_ids(tokenizer: Any, messages: Sequence[Mapping], tools: Optional[Sequence[Mapping]] = None) -> list[int]:
     """The token ids of a turn's prompt: its messages (and tools) through the chat template, with the
     generation prompt. Messages may hold assistant `tool_calls` (arguments as objects) and `tool` results."""
-    messages = [dict(m) for m in messages]
     kwargs: dict = {}
     if tools or _has_tool_messages(messages):
         if knows_tools(tokenizer):
             kwargs["tools"] = list(tools) if tools else None
         else:
             messages = hermes_fallback(messages, tools or ())
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, **kwargs)
     if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
         ids = ids["input_ids"]
     return [int(t) for t in ids]
@@ -121,7 +120,7 @@ _FALLBACK_HEAD = ("You may call one or more functions to help with the request. 
                   "Each result comes back in a <tool_response> block.")
 
 
-def hermes_fallback(messages: list[dict], tools: Sequence[Mapping]) -> list[dict]:
+def hermes_fallback(messages: Sequence[Mapping], tools: Sequence[Mapping]) -> list[dict]:
     """`messages` for a template that knows no tools: the tool definitions in the system message (Hermes
     format), earlier calls written into the assistant's content as `<tool_call>` blocks, results as user
     messages holding `<tool_response>` blocks."""

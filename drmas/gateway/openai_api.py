@@ -314,11 +314,7 @@ def completion(completion_id: str, call: ChatCall, replies: Sequence[Reply], mod
                tool_parser: Optional[ToolParser] = None) -> dict:
     """The chat.completion object of `replies` (one per choice); `system_fingerprint` names the weights. With
     tools offered, each reply's calls are parsed out by `tool_parser` into the message's `tool_calls`."""
-    choices = [{"index": i, "message": _message(_cut(reply.text, call.stop), call, tool_parser),
-                "finish_reason": reply.finish_reason, "logprobs": None} for i, reply in enumerate(replies)]
-    for choice in choices:
-        if choice["message"].get("tool_calls"):
-            choice["finish_reason"] = "tool_calls"
+    choices = [_choice(i, reply, call, tool_parser) for i, reply in enumerate(replies)]
     prompt = replies[0].prompt_tokens if replies else 0
     generated = sum(reply.completion_tokens for reply in replies)
     return {
@@ -329,13 +325,16 @@ def completion(completion_id: str, call: ChatCall, replies: Sequence[Reply], mod
     }
 
 
-def _message(text: str, call: ChatCall, tool_parser: Optional[ToolParser]) -> dict:
-    if not call.tools or tool_parser is None:
-        return {"role": "assistant", "content": text}
-    content, calls = tool_parser(text)
+def _choice(index: int, reply: Reply, call: ChatCall, tool_parser: Optional[ToolParser]) -> dict:
+    """One choice; with tools offered, the reply's calls in `tool_calls` and the finish reason `tool_calls`."""
+    text = _cut(reply.text, call.stop)
+    content, calls = tool_parser(text) if call.tools and tool_parser is not None else (text, [])
     if not calls:
-        return {"role": "assistant", "content": text}
-    return {"role": "assistant", "content": content or None, "tool_calls": [c.openai() for c in calls]}
+        message = {"role": "assistant", "content": text}
+    else:
+        message = {"role": "assistant", "content": content or None, "tool_calls": [c.openai() for c in calls]}
+    return {"index": index, "message": message, "finish_reason": "tool_calls" if calls else reply.finish_reason,
+            "logprobs": None}
 
 
 def _cut(text: str, stops: tuple[str, ...]) -> str:

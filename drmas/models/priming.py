@@ -7,8 +7,9 @@ formats* with random numbers (`The answer is \\boxed{7}.`, `<verify>reject</veri
 answers to problems. The primed model writes well-formed outputs with arbitrary numbers, so rewards
 vary within a group and the whole training path runs for real. The `code` formats (a function in a code block,
 asserts) use made-up function names, none of a task's: a coder is valid only when it names the task's function.
-The `tools` formats (a tool call, a boxed answer) come after prompts that offer no tools: the primed model calls
-its tool at random, enough for a tool round trip to run for real, not to use the tool well.
+The `tools` formats (a tool call, a boxed answer) come after prompts that offer an `add` tool as drmas renders it
+(`drmas.core.tool_calls`): the primed model calls its tool at random, enough for a tool round trip to run for
+real, not to use the tool well.
 """
 
 from __future__ import annotations
@@ -65,12 +66,8 @@ _ADD_TOOL = {"type": "function", "function": {"name": "add", "description": "Add
 def _example(tokenizer, rng: random.Random, response: str, system: str = "math") -> tuple[list[int], int]:
     """Token ids of chat prompt + response + end of turn, and where the response starts. The `tools` formats
     follow prompts that offer a tool as drmas renders it, so they hold after such a prompt."""
-    messages = [{"role": "user", "content": _filler(rng)}]
-    if system == "tools":
-        prompt_ids = chat_prompt_ids(tokenizer, messages, [_ADD_TOOL])
-    else:
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    tools = [_ADD_TOOL] if system == "tools" else None
+    prompt_ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": _filler(rng)}], tools)
     response_ids = tokenizer(response + (tokenizer.eos_token or ""), add_special_tokens=False)["input_ids"]
     return prompt_ids + response_ids, len(prompt_ids)
 

@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
 from drmas.core.sample import Sample
+from drmas.core.tool_calls import prompt_ids
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
 from drmas.mas.base import PENDING, AgentTurn, EpisodeOutcome, Orchestra, Reply, ToolCall
-from drmas.core.tool_calls import prompt_ids
 from drmas.rollout.failures import EpisodeFailure, FailureBook, ToolFailed, call_isolated
 from drmas.rollout.samples import Call, episode_samples
 from drmas.tasks.base import Problem
