@@ -116,6 +116,56 @@ def test_a_new_learner_of_a_finished_model_reopens_it(make_buffer, clients) -> N
     assert buf.stats().dropped.get("model_finished", 0) == 2  # only m1's part: m1 is still finished
 
 
+def test_a_fresh_learner_after_a_finished_one_gets_groups_or_says_why_it_waits(make_buffer, clients, caplog) -> None:
+    """Issue 33: a learner of m trains and finishes; a fresh one (new output directory, version 0) starts against
+    the same buffer. It is handed groups; while all it gets are groups made with the finished learner's weights
+    (rollouts not re-joined yet, or a producer that never takes its weights) it drops them as orphaned, and it
+    used to wait in silence: it must say why it waits and what to do."""
+    import logging
+
+    from drmas.core.draws import DrawSet
+    from drmas.core.lineage import Lineage
+    from drmas.learner.batch import GroupCollector
+    from drmas.runtime.process import StopFlag
+
+    buf = make_buffer(groups_per_step={"m1": 1, "m2": 1}, max_staleness=1)
+    producer, first = clients.producer(buf), clients.consumer(buf)
+    first.report_version("m2", 0, "learner-of-m2")
+    first.report_version("m1", 1, "finished-one", trained={"solver": DrawSet(2)})
+    first.report_version("m1", 1, "finished-one", finished=True, trained={"solver": DrawSet(2)})
+
+    def send(group: str, incarnation: str, version: int) -> None:
+        (draw,) = producer.request_admission(1)
+        for i in range(2):
+            episode_id, samples = episode(group, i, version=version)
+            for sample in samples:
+                sample.policy_incarnation = incarnation
+            producer.send_episode(group, 2, episode_id, samples, draw=draw)
+        producer.flush()
+
+    fresh = clients.consumer(buf)
+    lineage = Lineage()  # a new process of its own, no checkpoint: version 0
+    fresh.report_version("m1", 0, lineage.incarnation, trained={"solver": DrawSet()})
+    collector = GroupCollector(fresh, ["solver"], groups_per_step=1, max_staleness=1,
+                               stop=StopFlag(install=False), poll_ms=50)
+    collector.report_after_s = 0.5
+    send("old-weights", "finished-one", 1)
+    sent_own = []
+
+    def own_weights_later() -> None:  # the rollouts re-joined the fresh learner: its weights from now on
+        if not sent_own and any("waiting" in r.getMessage() for r in caplog.records):
+            send("own-weights", lineage.incarnation, 0)
+            sent_own.append(True)
+
+    collector.idle = own_weights_later
+    with caplog.at_level(logging.WARNING, logger="drmas.learner.batch"):
+        batch = collector.next_batch(0, lineage)
+    assert [g.group_id for g in batch.groups] == ["own-weights"] and batch.dropped == {"orphaned": 2}
+    (line,) = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()][:1]
+    assert "2 samples orphaned" in line and "finished-one@1 (2)" in line and lineage.incarnation in line
+    assert "trainer.resume=true" in line and "peer_timeout_s" in line
+
+
 # ---- poisoned samples (defect 2) -------------------------------------------------------------------
 
 

@@ -221,8 +221,10 @@ def test_a_turn_takes_its_turn_reward_else_its_agents_else_the_episodes_minus_th
 @pytest.mark.parametrize(("outcome", "message"), [
     ({"turn_rewards": [1.0, 1.0]}, "2 turn_rewards for 3 turns in episode e0"),
     ({"agent_rewards": {"solver": 1.0}}, r"agent_rewards for \['solver'\] in episode e0, which are not agents"),
-    ({"turn_rewards": [1.0, float("nan"), 1.0]}, "not a finite number for turn 1 \\(b\\) in episode e0"),
-    ({"agent_rewards": {"a": "high"}}, "not a finite number for turn 0 \\(a\\)"),
+    ({"turn_rewards": [1.0, float("nan"), 1.0]}, "not a finite number .* for turn 1 \\(b\\) in episode e0"),
+    ({"agent_rewards": {"a": "high"}}, "not a finite number .* for turn 0 \\(a\\)"),
+    ({"reward": 1e39}, "not a finite number within float32's range .*1e\\+39.* for turn 0 \\(a\\)"),
+    ({"agent_rewards": {"b": -3.5e38}}, "float32's range .* for turn 1 \\(b\\)"),
 ])
 def test_rewards_that_cannot_be_trained_on_drop_the_episode_naming_it(outcome, message):
     specs = {a: AgentSpec("m", SamplingParams()) for a in ("a", "b")}

@@ -189,6 +189,12 @@ def test_calls_are_answered_and_recorded_and_bad_requests_get_openai_errors(engi
         assert bad.status_code == 400 and "not agents" in bad.json()["error"]["message"]
         bad = _end(url, eid, {"reward": 1.0, "invalid_calls": ["chatcmpl-nope"]})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "invalid_calls"
+        for body, param in (({"reward": 1e39}, "reward"), ({"reward": -1e39}, "reward"),
+                            ({"reward": 1.0, "agent_rewards": {"solver": 3.5e38}}, "agent_rewards"),
+                            ({"reward": 1.0, "call_rewards": {replies["one"].id: 1e300}}, "call_rewards")):
+            bad = _end(url, eid, body)  # finite JSON the buffer cannot store: refused here, the episode stays open
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+            assert "float32's range" in bad.json()["error"]["message"]
         ended = _end(url, eid, {"reward": 0.25, "call_rewards": {replies["one"].id: 1.0},
                                 "invalid_calls": [replies["two"].id]}).json()
         assert ended == {"id": eid, "object": "episode", "status": "ended", "reward": 0.25, "calls": 2}

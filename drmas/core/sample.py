@@ -40,6 +40,16 @@ MAX_VERSION = 2**31 - 1  # far beyond any run; keeps every counter derived from 
 Version = Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
 
 
+def storable(value: float) -> bool:
+    """Whether a number survives the wire (what `Finite` admits: finite and within float32's range). Whatever
+    takes a reward from outside (an orchestra's outcome, the gateway's HTTP body) checks it with this, so a
+    value the buffer would refuse, costing its whole group, is refused where it enters instead."""
+    return -_FLOAT_MAX <= value <= _FLOAT_MAX  # NaN fails both comparisons
+
+
+STORABLE = f"a finite number within float32's range (|x| <= {_FLOAT_MAX:g})"
+
+
 class Sample(msgspec.Struct, kw_only=True, frozen=False):
     """One agent call (prompt -> response) with everything the learner needs to train on it."""
 

@@ -31,8 +31,9 @@ from typing import Any, Optional, Sequence, Union
 
 import msgspec
 
-from drmas.mas.base import Reply
+from drmas.core.sample import STORABLE, storable
 from drmas.core.tool_calls import ToolParser
+from drmas.mas.base import Reply
 
 MAX_N = 8  # choices per call: each is a sample, generated one after another (see docs/gateway.md)
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
@@ -210,8 +211,8 @@ def decode_reward(body: bytes) -> RewardRequest:
     numbers = [("reward", req.reward)] + [(f"agent_rewards.{k}", v) for k, v in (req.agent_rewards or {}).items()]
     numbers += [(f"call_rewards.{k}", v) for k, v in (req.call_rewards or {}).items()]
     for key, value in numbers:
-        if value is not None and not math.isfinite(value):
-            raise bad_request(f"{key} must be a finite number, got {value}", key.split(".")[0])
+        if value is not None and not storable(value):
+            raise bad_request(f"{key} must be {STORABLE}, got {value}", key.split(".")[0])
     return req
 
 

@@ -45,6 +45,7 @@ from drmas.runtime.process import StopFlag
 
 log = logging.getLogger(__name__)
 
+WAIT_REPORT_S = 30.0  # a learner still short of its step's groups says why this often
 
 
 @dataclass
@@ -93,15 +94,22 @@ class GroupCollector:
         self.max_staleness = max_staleness
         self.stop = stop
         self.poll_ms = poll_ms
+        self.report_after_s = WAIT_REPORT_S
+        self._foreign: Counter = Counter()  # (incarnation, version) -> samples dropped as orphaned while waiting
 
     def next_batch(self, version: int, lineage: Lineage | None = None) -> StepBatch | None:
         """The groups the update from `version` trains on; None once stopped. With `lineage`, parts with
         samples of weights outside it are dropped as orphaned."""
         batch = StepBatch([], 0.0)
         group_ids: set[str] = set()
+        started = report_at = time.monotonic()
+        self._foreign.clear()
         while len(group_ids) < self.groups_per_step:
             if self.stop.is_set():
                 return None
+            if time.monotonic() - report_at >= self.report_after_s:
+                report_at = time.monotonic()
+                log.warning(self._waiting(version, len(group_ids), batch, report_at - started, lineage))
             if self.idle is not None:
                 self.idle()
             wanted = (self.groups_per_step - len(group_ids)) * len(self.agents)
@@ -117,8 +125,10 @@ class GroupCollector:
                 if any(is_too_stale(s.policy_version, version, self.max_staleness) for s in part.samples):
                     self._drop(part, DROP_STALE, batch)
                     continue
-                if lineage is not None and not all(
-                        lineage.contains(s.policy_incarnation, s.policy_version) for s in part.samples):
+                foreign = [] if lineage is None else [(s.policy_incarnation, s.policy_version) for s in part.samples
+                                                          if not lineage.contains(s.policy_incarnation, s.policy_version)]
+                if foreign:
+                    self._foreign.update(foreign)
                     self._drop(part, DROP_ORPHANED, batch)
                     continue
                 violation = self._violation(part)
@@ -133,6 +143,25 @@ class GroupCollector:
                 if part.draw < 0 or self.makeup is None or not self.makeup(part):
                     group_ids.add(part.group_id)
         return batch
+
+    def _waiting(self, version: int, groups: int, batch: StepBatch, waited_s: float, lineage: Lineage | None) -> str:
+        """Why the step from `version` still waits: a learner that waits in silence looks hung. Parts dropped
+        as orphaned are the usual cause of a long wait -- rollouts still generating with another learner's
+        weights (one that finished or was replaced) until they re-join this one -- so they are named."""
+        line = (f"waiting {waited_s:.0f} s for the groups of the step from version {version}: {groups} of "
+                f"{self.groups_per_step} so far")
+        if not batch.dropped:
+            return line + "; the buffer delivered nothing (are rollouts running, and do they reach the buffer?)"
+        line += "; dropped meanwhile: " + ", ".join(f"{n} samples {reason}" for reason, n in batch.dropped.items())
+        if self._foreign:
+            stamps = ", ".join(f"{inc or '?'}@{v} ({n})" for (inc, v), n in self._foreign.most_common(3))
+            mine = lineage.incarnation if lineage is not None else "?"
+            line += (f". The orphaned samples were made by weights outside this learner's history (incarnation "
+                     f"{mine}): {stamps} (learner incarnation@version). Rollouts switch to this learner's weights "
+                     f"when they re-join it (within pipeline.weights.peer_timeout_s); a producer that keeps "
+                     f"another learner's weights is never trained on here. To go on from a finished learner's "
+                     f"weights instead, resume it: trainer.resume=true with its trainer.output_dir")
+        return line
 
     def _violation(self, part: AgentGroup) -> str | None:
         if self.limits is None:

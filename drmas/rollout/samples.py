@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from drmas.core.sample import Sample
+from drmas.core.sample import STORABLE, Sample, storable
 from drmas.engines.base import Generation
 from drmas.mas.base import EpisodeOutcome
 
@@ -66,7 +66,7 @@ def episode_samples(episode_id: str, group_id: str, calls: Sequence[Call], outco
 
 def turn_rewards(outcome: EpisodeOutcome, agents: Mapping[str, object], where: str) -> list[float]:
     """Each turn's reward before the format penalty; refuses rewards that cannot be trained on (a length
-    other than the turns', an agent name the config does not have, a value that is not a finite number)."""
+    other than the turns', an agent name the config does not have, a value that is not a finite number the buffer can store)."""
     if outcome.turn_rewards is not None and len(outcome.turn_rewards) != len(outcome.turns):
         raise RuntimeError(f"orchestra returned {len(outcome.turn_rewards)} turn_rewards for "
                            f"{len(outcome.turns)} turns in {where}")
@@ -80,8 +80,8 @@ def turn_rewards(outcome: EpisodeOutcome, agents: Mapping[str, object], where: s
             value = outcome.turn_reward(index)
         except (TypeError, ValueError):
             value = math.nan
-        if not math.isfinite(value):
-            raise RuntimeError(f"orchestra returned a reward that is not a finite number for turn {index} "
+        if not storable(value):
+            raise RuntimeError(f"orchestra returned a reward that is not {STORABLE} ({value}) for turn {index} "
                                f"({outcome.turns[index].agent}) in {where}")
         rewards.append(value)
     return rewards
