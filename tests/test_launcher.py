@@ -164,6 +164,30 @@ def test_launcher_stops_everything_when_a_child_cannot_be_restarted(tmp_path, sm
     assert (out / "learner-policy" / "checkpoints").is_dir()  # the learner was stopped cleanly and saved
 
 
+def test_children_of_a_sigkilled_launcher_stop_on_their_own(tmp_path, smoke_model):
+    """Issue 33: buffer, learner and rollout run in sessions of their own, so after a SIGKILL of `drmas run` they
+    lived on as orphans; now each notices its launcher is gone and stops as SIGTERM would stop it (the learner
+    writes its checkpoint)."""
+    out = tmp_path / "run"
+    run = _Background(tmp_path, _drmas_run(out, "trainer.steps=1000", "eval.n_problems=0"))
+    try:
+        run.wait_for(lambda: _logged_steps(out / "learner-policy" / "metrics.jsonl") > 0, "training under way")
+        pids = _pids(run.output())
+        os.kill(run.proc.pid, signal.SIGKILL)  # the launcher alone, not its group
+        run.proc.wait()
+        deadline = time.monotonic() + 90
+        while not all(_gone(pid) for pid in pids.values()):
+            assert time.monotonic() < deadline, f"children still running: {pids}"
+            time.sleep(0.5)
+    finally:
+        run.cleanup()
+    assert set(pids) == {"buffer", "learner-policy", "rollout-0"}
+    for name in pids:
+        assert "the launcher that started this process" in (out / name / "process.log").read_text(), name
+    learner = (out / "learner-policy" / "process.log").read_text()
+    assert "stopped by the launcher's death" in learner and (out / "learner-policy" / "checkpoints").is_dir()
+
+
 def test_launcher_refuses_a_missing_model_before_starting_anything(tmp_path):
     out = tmp_path / "run"
     done = run_cli(_drmas_run(out, f"models.policy.path={tmp_path / 'nowhere'}"), timeout=60, cwd=ROOT)

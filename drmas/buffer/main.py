@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from drmas.runtime.launcher_watch import watch_launcher
 from drmas.runtime.process import StopFlag, add_log_file, config_parser, load_or_exit, setup_logging
 
 log = logging.getLogger("drmas.buffer")
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_or_exit("drmas-buffer", args.config, args.overrides)
     setup_logging("buffer")
     stop = StopFlag()
+    watch_launcher(stop)
     from drmas.buffer.server import TrajectoryBuffer
     from drmas.config.derived import trained_agent_models
     import zmq

@@ -33,6 +33,7 @@ from drmas.launch.gpus import GpuAssignment, visible_gpus
 from drmas.launch.supervisor import Child, Supervisor
 from drmas.models.devices import check_ranks, resolve_device
 from drmas.runtime.endpoints import BUFFER_ENDPOINTS, learner_address, unusable_ports
+from drmas.runtime.launcher_watch import launcher_env
 from drmas.runtime.process import QUIET_PROGRESS_ENV
 
 
@@ -93,8 +94,9 @@ def pump_lines(stream, emit) -> None:
 
 def popen_session(command: list[str], env: Optional[dict] = None, **kwargs) -> subprocess.Popen:
     """A child in a session of its own, output piped (stderr merged), no stdin, and no progress bars (each of
-    their updates would be a line of the merged log)."""
-    env = {**(os.environ if env is None else env), **QUIET_PROGRESS_ENV}
+    their updates would be a line of the merged log). It watches this process and stops once it is gone
+    (`drmas.runtime.launcher_watch`): in a session of its own, no signal to this one's group reaches it."""
+    env = {**(os.environ if env is None else env), **QUIET_PROGRESS_ENV, **launcher_env()}
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, env=env, **kwargs)
 

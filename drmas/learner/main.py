@@ -8,6 +8,7 @@ import sys
 
 from drmas.assembly import load_or_exit
 from drmas.config.derived import model_config
+from drmas.runtime.launcher_watch import watch_launcher
 from drmas.runtime.process import StopFlag, config_parser, die_with_torchrun, setup_logging
 
 log = logging.getLogger("drmas.learner")
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if int(os.environ.get("RANK", "0")) > 0:  # a further rank of a sharded learner (torchrun): follows rank 0
         return follow_rank_0(cfg, args.model)
+    watch_launcher(stop)  # rank 0 only: the other ranks end with torchrun, which ends with rank 0
     try:
         require_fixed(cfg, buffer=True, learners=[args.model])
         worker = LearnerWorker(cfg, args.model, stop)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from drmas.assembly import load_or_exit
+from drmas.runtime.launcher_watch import watch_launcher
 from drmas.runtime.process import StopFlag, add_log_file, config_parser, setup_logging
 
 log = logging.getLogger("drmas.rollout")
@@ -24,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(f"rollout-{args.index}")
     add_log_file(Path(cfg.trainer.output_dir) / f"rollout-{args.index}")
     stop = StopFlag()
+    watch_launcher(stop)
     from drmas import assembly
     from drmas.rollout.failures import EpisodeFailures
     from drmas.rollout.worker import RolloutWorker
