@@ -19,7 +19,8 @@ registers components by name; a config then chooses them like the built-ins:
   `AssertTool` over it to run a solution against assert statements; docs/sandbox.md), its limits a
   `SandboxConfig` the system's settings embed (``sandbox: SandboxConfig = help_field(SandboxConfig, ...)``
   makes `system.sandbox.*` keys, typed, checked and listed like the rest);
-* **engines** (`rollout.engine`, `ENGINES`) and **retrievers** (`retrieval.backend`, `RETRIEVERS`);
+* **engines** (`rollout.engine`, `ENGINES`; `traits=EngineAbilities(...)` declares what one can do beyond the
+  `Engine` protocol: adapters, engine arguments, top-p truncated log-probs, a package it needs) and **retrievers** (`retrieval.backend`, `RETRIEVERS`);
 * **tool-call parsers** (`TOOL_PARSERS`: a reply's text -> its content and `ParsedCall`s), for models whose
   template writes calls in another format than the built-in `hermes`. An agent is offered functions by
   `AgentTurn(..., tools=[...])` (OpenAI's definitions, rendered by the chat template).
@@ -46,7 +47,7 @@ from drmas.config.sections import SystemSettings, TaskSettings
 from drmas.core.errors import Fatal
 from drmas.core.jsonl import jsonl_records
 from drmas.engines import ENGINES
-from drmas.engines.base import Engine, Generation, SamplingParams
+from drmas.engines.base import Engine, EngineAbilities, Generation, SamplingParams
 from drmas.mas import ORCHESTRAS
 from drmas.mas.agents import AGENT_ROLES, RoleAgent, ScriptedRole, TeamContext
 from drmas.mas.base import (
@@ -79,14 +80,14 @@ __all__ = [
     "Task", "Problem",
     # settings
     "SystemSettings", "TaskSettings", "Section", "help_field",
-    # the registries (each `.register(name[, settings=...])` is the decorator)
+    # the registries (each `.register(name[, settings=...])` is the decorator; ENGINES' also takes traits=)
     "ORCHESTRAS", "AGENT_ROLES", "TASKS", "ENGINES", "RETRIEVERS", "TOOL_PARSERS",
     # tool calling: an AgentTurn's `tools` are rendered by the chat template; a parser finds a reply's calls
     "ParsedCall",
     # the code-execution sandbox (a tool) and its settings
     "SandboxTool", "SandboxRequest", "SandboxResult", "AssertTool", "AssertRequest", "AssertReport", "SandboxConfig",
     # engines and retrievers
-    "Engine", "Generation", "SamplingParams", "Retriever", "Hit", "Passage",
+    "Engine", "EngineAbilities", "Generation", "SamplingParams", "Retriever", "Hit", "Passage",
     # grading helpers: math answers (\\boxed{}, numbers, LaTeX via math-verify) and short QA answers (EM, F1)
     "extract_boxed", "extract_last_number", "answers_match", "grade_answer",
     "extract_answer", "normalize_answer", "exact_match", "token_f1", "score_answer",

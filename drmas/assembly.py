@@ -16,7 +16,6 @@ import importlib.util
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import drmas.engines.embedded  # noqa: F401  (registers the built-in engine)
 import drmas.mas.external  # noqa: F401  (registers the built-in orchestras and role agents)
 import drmas.mas.math  # noqa: F401
 import drmas.mas.revise  # noqa: F401
@@ -90,7 +89,7 @@ def check_components(cfg: DrmasConfig) -> list[str]:
     if cfg.rollout.engine in ENGINES:
         found.extend(_engine_problems(cfg))
         with_adapters = [m for m in engine_models(cfg) if cfg.models[m].adapters]
-        if with_adapters and not getattr(ENGINES.get(cfg.rollout.engine), "serves_adapters", False):
+        if with_adapters and not ENGINES.traits(cfg.rollout.engine).serves_adapters:
             found.append(f"rollout.engine: {cfg.rollout.engine!r} serves no LoRA adapters, and models."
                          f"{with_adapters[0]}.adapters needs an engine that does (embedded, vllm)")
     for name, agent in cfg.agents.items():
@@ -130,12 +129,12 @@ def _engine_problems(cfg: DrmasConfig) -> list[str]:
     """Settings the chosen engine cannot honour: vLLM arguments for an engine that takes none, and top_p < 1
     for training on an engine whose reported log-probs are those of the top-p truncated distribution (the
     learner recomputes the full softmax(logits / T), so training on them would weight tokens wrongly)."""
-    r, engine = cfg.rollout, ENGINES.get(cfg.rollout.engine)
+    r, engine = cfg.rollout, ENGINES.traits(cfg.rollout.engine)
     found = []
-    if r.engine_args and not getattr(engine, "takes_engine_args", False):
+    if r.engine_args and not engine.takes_engine_args:
         found.append(f"rollout.engine_args: {sorted(r.engine_args)} are vLLM arguments; rollout.engine={r.engine!r} "
                      "takes none")
-    if not getattr(engine, "truncates_top_p", False):
+    if not engine.truncates_top_p:
         return found
     offending: dict[tuple[str, float], list[str]] = {}  # (key, top_p) -> trained agents sampling with it
     for name, a in cfg.agents.items():
@@ -156,8 +155,7 @@ def require_packages(cfg: DrmasConfig) -> None:
     """ValueError naming the key when a component the config chooses needs a package this machine lacks (the
     vLLM engine): asked where the components will run, before anything starts, rather than in
     `check_components`, so a config for a GPU cluster can still be shown and checked on a laptop."""
-    engine = ENGINES.get(cfg.rollout.engine)
-    needs = getattr(engine, "needs", None)  # (module, how to install it)
+    needs = ENGINES.traits(cfg.rollout.engine).needs  # (module, how to install it)
     if needs is not None and importlib.util.find_spec(needs[0]) is None:
         raise ValueError(f"rollout.engine={cfg.rollout.engine}: the {needs[0]} package is not installed here: "
                          f"{needs[1]}")

