@@ -11,13 +11,13 @@ Sequence for one receiver::
     Join(receiver_id, model, nonce)  ->
                                      <-  Welcome(nonce, pair_id, store address, backend, timeouts)
     (the learner and the rollout's receiving ranks build the pair group on the learner's TCPStore)
-    Heartbeat(pair_id)               ->  (every heartbeat_s)
-                                     <-  HeartbeatReply(pair_id)
+    Ping(pair_id)                    ->  (every heartbeat_s)
+                                     <-  Pong(pair_id)
                                      <-  Manifest(pair_id, version, layout)   (join sync or push)
     Ready(pair_id, version)          ->  (the rollout paused generation and is about to receive)
                                      <-  Route(pair_id, version, upstream, downstream)   (relay chain, see relay.py)
     (unit broadcasts over the pair group, or from the predecessor's hop group, passed on to the successor's)
-    Ack(pair_id, version, ok, error, forward_error, upstream_failed) ->
+    Applied(pair_id, version, ok, error, forward_error, upstream_failed) ->
                                      <-  Rejoin(pair_id, reason)   (learner dropped the pair or does not know it)
     Leave(pair_id)                   ->  (rollout shuts down)
 """
@@ -32,7 +32,7 @@ from drmas.weights.chunks import Layout
 
 # 2: Join.ranks (a rollout may bring several receiving ranks); a learner of protocol 1 would build a
 # two-rank group for them and hang, so the versions refuse each other.
-# 3: the relay chain (Route, Join.relay, Ack.forward_error/upstream_failed): a rollout of protocol 2 would
+# 3: the relay chain (Route, Join.relay, Applied.forward_error/upstream_failed): a rollout of protocol 2 would
 # wait for units on its pair that now come from its predecessor, so 2 and 3 refuse each other.
 PROTOCOL_VERSION = 3
 MAX_RANKS = 1024  # receiving ranks one rollout may bring (vLLM workers: tensor x pipeline parallel size)
@@ -107,7 +107,7 @@ class Route(msgspec.Struct, tag="route", frozen=True):
     downstream: str = ""
 
 
-class Ack(msgspec.Struct, tag="ack", frozen=True):
+class Applied(msgspec.Struct, tag="ack", frozen=True):
     """``version`` was received; ``ok`` tells whether the apply callback accepted it.
 
     ``upstream_failed``: the predecessor in the relay chain failed mid-transfer, so nothing was applied; the
@@ -123,11 +123,11 @@ class Ack(msgspec.Struct, tag="ack", frozen=True):
     upstream_failed: bool = False
 
 
-class Heartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
+class Ping(msgspec.Struct, tag="heartbeat", frozen=True):
     pair_id: str
 
 
-class HeartbeatReply(msgspec.Struct, tag="heartbeat_reply", frozen=True):
+class Pong(msgspec.Struct, tag="heartbeat_reply", frozen=True):
     pair_id: str
 
 
@@ -144,7 +144,7 @@ class Leave(msgspec.Struct, tag="leave", frozen=True):
     pair_id: str
 
 
-Message = Union[Join, Welcome, Refuse, Manifest, Ready, Route, Ack, Heartbeat, HeartbeatReply, Rejoin, Leave]
+Message = Union[Join, Welcome, Refuse, Manifest, Ready, Route, Applied, Ping, Pong, Rejoin, Leave]
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Message)

@@ -18,7 +18,7 @@ The pieces:
   `Route` (from whom, to whom); it streams over the pair of the chain's head only;
 - a rollout (`Hops`) builds or reuses its hops and passes every unit on (``ReceiveStream``'s forward).
 
-Failures: a rollout that cannot pass units on still applies them and says so in its Ack (``forward_error``);
+Failures: a rollout that cannot pass units on still applies them and says so in its Applied (``forward_error``);
 the learner then drops its successor from the push (told to re-join). A rollout whose predecessor failed
 mid-transfer applied nothing usable; it closes its hops (so its own successor fails at once instead of at
 its timeout) and acks with ``upstream_failed``; its pair with the learner is intact, so the learner sends the

@@ -11,20 +11,20 @@ import zmq
 
 from drmas.config.weights import WeightSyncConfig
 from drmas.weights import messages as msg
-from drmas.weights.learner.peers import Registry
+from drmas.weights.learner.peers import PeerTable
 from drmas.weights.transport import Outbox
 
 log = logging.getLogger(__name__)
 
 
 class ControlLoop(threading.Thread):
-    """Owns the ROUTER socket: Joins, heartbeats, Ready/Ack bookkeeping, queued sends, silence expiry."""
+    """Owns the ROUTER socket: Joins, heartbeats, Ready/Applied bookkeeping, queued sends, silence expiry."""
 
     def __init__(
         self,
         router: zmq.Socket,
         outbox: Outbox,
-        registry: Registry,
+        registry: PeerTable,
         handle: Callable[[bytes, msg.Message], None],
         cfg: WeightSyncConfig,
     ) -> None:

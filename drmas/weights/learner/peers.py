@@ -1,4 +1,4 @@
-"""The learner's book of joined rollouts: one `Peer` per pair, and the `Registry` every thread consults.
+"""The learner's book of joined rollouts: one `Peer` per pair, and the `PeerTable` every thread consults.
 
 Part of the learner side of the weight channel (see ``sender.py`` for the protocol and its threads). All
 peer state is guarded by the registry's one condition variable, which is also what every waiter waits on.
@@ -31,7 +31,7 @@ class Peer:
     drop_reason: str | None = None
     needs_sync: bool = False  # joined, not yet given the current weights
     ready_version: int | None = None
-    ack: msg.Ack | None = None
+    ack: msg.Applied | None = None
     acked_version: int | None = None
     relay: bool = True  # may take a place in a relay chain (see relay.py)
 
@@ -40,7 +40,7 @@ class Peer:
         return self.pair is not None and self.drop_reason is None
 
 
-class Registry:
+class PeerTable:
     """The joined rollouts, their state, and the one condition variable every waiter uses."""
 
     def __init__(self, send: Callable[[Peer, msg.Message], None]) -> None:

@@ -8,7 +8,7 @@ learner sends each byte once whatever their number. The pieces: ``registry.py`` 
 (the public `WeightSender`: lifecycle, Joins, pair building).
 
 Threads and who owns what:
-- the **control thread** owns the ZeroMQ ROUTER: it answers Joins and heartbeats, records Ready/Ack
+- the **control thread** owns the ZeroMQ ROUTER: it answers Joins and heartbeats, records Ready/Applied
   messages, sends what other threads queued in the `Outbox`, and drops rollouts that fall silent;
 - a short-lived **connect thread** per Join builds the learner's end of the pair group (this blocks until
   the rollout builds its end, so it must not block anything else);
@@ -32,7 +32,7 @@ One transfer (push or join sync) to a set of rollouts:
    their pair), two on the wire at a time; a unit that needs packing is packed while the previous ones
    travel (two reused unit buffers); every rollout passes each unit on to its successor;
 4. each rollout acknowledges the version once its apply callback returned.
-Any failure (a broadcast error or timeout, no Ready, no Ack, silence) drops that rollout only: its pair is
+Any failure (a broadcast error or timeout, no Ready, no Applied, silence) drops that rollout only: its pair is
 discarded, it is told to Rejoin, and the push carries on with the others; rollouts behind it in the chain
 get the version again in a new chain within the same push. `push` never raises because a rollout failed;
 it reports who got the version and who was dropped.
@@ -59,7 +59,7 @@ from drmas.config.weights import WeightSyncConfig
 from drmas.runtime.netsec import CurveKeys, is_loopback_host, start_curve_authenticator
 from drmas.weights import messages as msg
 from drmas.weights.learner.control import ControlLoop
-from drmas.weights.learner.peers import Peer, Registry
+from drmas.weights.learner.peers import Peer, PeerTable
 from drmas.weights.learner.source import Weights
 from drmas.weights.learner.transfer import CurrentWeights, JoinSync, PushReport, Transfer, sync_newcomers
 from drmas.weights.transport import (
@@ -135,7 +135,7 @@ class WeightSender:
         self._incarnation = incarnation or uuid.uuid4().hex[:8]
         self._pair_counter = itertools.count()
         self._transfer_lock = threading.RLock()
-        self._registry = Registry(self._send)
+        self._registry = PeerTable(self._send)
         self._broadcaster = Transfer(self._registry, self._send, self.config, self._incarnation, dtype)
         self._context: zmq.Context | None = None
         self._outbox: Outbox | None = None
@@ -278,18 +278,18 @@ class WeightSender:
         pair_id = getattr(message, "pair_id", None)
         peer = self._registry.by_pair(pair_id) if pair_id is not None else None
         if peer is None:
-            if isinstance(message, msg.Heartbeat):
+            if isinstance(message, msg.Ping):
                 self._reply(routing_id, msg.Rejoin(message.pair_id, "unknown pair (learner restarted?)"))
             return  # a late message for a pair that is gone
         with self._registry.cond:
             peer.last_seen = time.monotonic()
             if isinstance(message, msg.Ready):
                 peer.ready_version = message.version
-            elif isinstance(message, msg.Ack):
+            elif isinstance(message, msg.Applied):
                 peer.ack = message
             self._registry.cond.notify_all()
-        if isinstance(message, msg.Heartbeat):
-            self._reply(routing_id, msg.HeartbeatReply(message.pair_id))
+        if isinstance(message, msg.Ping):
+            self._reply(routing_id, msg.Pong(message.pair_id))
         elif isinstance(message, msg.Leave):
             self._registry.drop(peer, "left", tell=False)
 

@@ -1,4 +1,4 @@
-"""One transfer of the learner's weights to a set of rollouts: Manifest -> Ready -> Route -> units -> Ack.
+"""One transfer of the learner's weights to a set of rollouts: Manifest -> Ready -> Route -> units -> Applied.
 
 See ``sender.py`` for where transfers come from (pushes and join syncs) and ``relay.py`` for how one
 transfer's units reach several rollouts while the learner sends them once.
@@ -18,7 +18,7 @@ import torch.distributed as dist
 from drmas.config.weights import WeightSyncConfig
 from drmas.weights import messages as msg
 from drmas.weights.chunks import Layout, Packer, plan_units
-from drmas.weights.learner.peers import Peer, Registry
+from drmas.weights.learner.peers import Peer, PeerTable
 from drmas.weights.learner.source import Weights, WeightSource, as_source
 from drmas.weights.relay import HopNames, plan_wave
 from drmas.weights.transport import PairError
@@ -71,9 +71,9 @@ class Outcome:
 
 
 class Transfer:
-    """Runs one transfer (Manifest -> Ready -> unit broadcasts -> Ack) to a set of connected peers."""
+    """Runs one transfer (Manifest -> Ready -> unit broadcasts -> Applied) to a set of connected peers."""
 
-    def __init__(self, registry: Registry, send: Callable[[Peer, msg.Message], None], cfg: WeightSyncConfig,
+    def __init__(self, registry: PeerTable, send: Callable[[Peer, msg.Message], None], cfg: WeightSyncConfig,
                  incarnation: str = "", dtype: torch.dtype | None = None) -> None:
         """``dtype``: the dtype floating-point tensors travel in (the engines' compute dtype); None: as they are."""
         self._registry = registry
@@ -272,7 +272,7 @@ class Transfer:
         return again
 
 
-def sync_newcomers(registry: Registry, broadcaster: Transfer, provider: CurrentWeights) -> PushReport | None:
+def sync_newcomers(registry: PeerTable, broadcaster: Transfer, provider: CurrentWeights) -> PushReport | None:
     """Give the current weights to the rollouts that connected and still need them; None when there are
     none. The caller holds the transfer lock (a push may have served them while it waited for it)."""
     peers = [p for p in registry.connected() if p.needs_sync]
@@ -293,7 +293,7 @@ class JoinSync(threading.Thread):
     the provider's weights may be read from any thread (see `drmas.weights.learner.source`)."""
 
     def __init__(
-        self, registry: Registry, broadcaster: Transfer, provider: CurrentWeights, transfer_lock: threading.RLock
+        self, registry: PeerTable, broadcaster: Transfer, provider: CurrentWeights, transfer_lock: threading.RLock
     ) -> None:
         super().__init__(name="drmas-weights-join-sync", daemon=True)
         self._registry = registry

@@ -221,7 +221,7 @@ class Link(threading.Thread):
         self._send(msg.Join(self._receiver_id, self._model, nonce, ranks=self._ranks(), relay=self._workers is None))
         deadline = time.monotonic() + wait_s
         while not self.stopping.is_set():
-            self.outbox.drain()  # Ready/Ack of a finished pair: nobody wants them now
+            self.outbox.drain()  # Ready/Applied of a finished pair: nobody wants them now
             left = deadline - time.monotonic()
             if left <= 0 or not sock.poll(min(100, int(left * 1000) + 1)):
                 if left <= 0:
@@ -298,7 +298,7 @@ class Link(threading.Thread):
                 session.broken = f"learner silent for {now - session.last_reply:.1f} s"
                 return session.broken
             if now >= next_beat:
-                self._send(msg.Heartbeat(session.pair_id))
+                self._send(msg.Ping(session.pair_id))
                 next_beat = now + session.heartbeat_s
             events = dict(poller.poll(max(1, int((next_beat - now) * 1000))))
             if sock in events:

@@ -6,7 +6,7 @@ processes, each holding its shard. Receiving them in the rollout process and han
 process boundary per tensor; instead every worker joins the learner's pair group as a rank of its own
 (ranks 1..N; the learner is rank 0), receives each broadcast unit on its own device (NCCL straight into GPU
 memory when the learner sends CUDA tensors) and loads the full tensors, from which the engine's loader cuts
-that worker's shard. The rollout process keeps the control side (join, heartbeats, Ready/Ack) and only asks
+that worker's shard. The rollout process keeps the control side (join, heartbeats, Ready/Applied) and only asks
 its engine to connect, receive and close, always from the thread that drives the engine.
 
 `PairSpec` says how to build a receiving end of a pair (the rollout hands it to its workers); `PairMember`

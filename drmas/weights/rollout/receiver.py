@@ -205,14 +205,14 @@ class WeightReceiver:
                 session.member.hops.close()
                 log.warning("weights: %s: relay of version %d failed upstream: %s",
                             self.receiver_id, manifest.version, stream.failed)
-                self._link_send(msg.Ack(session.pair_id, manifest.version, False, stream.failed,
+                self._link_send(msg.Applied(session.pair_id, manifest.version, False, stream.failed,
                                         upstream_failed=True))
                 return None
             if stream.failed is not None:
                 session.broken = f"transfer of version {manifest.version} failed: {stream.failed}"
                 log.warning("weights: %s: %s", self.receiver_id, session.broken)
                 return None
-            self._link_send(msg.Ack(session.pair_id, manifest.version, error is None, repr(error) if error else "",
+            self._link_send(msg.Applied(session.pair_id, manifest.version, error is None, repr(error) if error else "",
                                     forward_error=stream.forward_error or ""))
         if error is not None:
             raise error
@@ -236,7 +236,7 @@ class WeightReceiver:
                 log.warning("weights: %s: %s", self.receiver_id, session.broken)
                 return None
             elapsed = time.monotonic() - start
-            self._link_send(msg.Ack(session.pair_id, manifest.version, True))
+            self._link_send(msg.Applied(session.pair_id, manifest.version, True))
         return self._applied(manifest.version, elapsed)
 
     def _applied(self, version: int, elapsed: float) -> int:
