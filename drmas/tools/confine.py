@@ -9,9 +9,10 @@ Three processes, so that whatever the program leaves behind dies with it:
 
 * L (this script as started): a child subreaper (orphans of the program come back to it, not to init).
   It cuts the network off: a new network namespace (root), else a user namespace owning one (any user,
-  where the kernel allows it), else a seccomp filter in U that refuses internet sockets; the two
-  namespace ways also give new pid and mount namespaces, where the working directory and /tmp (and
-  /dev/shm) become size-capped tmpfs mounts. L waits for the program under the wall-clock limit.
+  where the kernel allows it), else a seccomp filter in U that refuses internet sockets (built by
+  `seccomp_filter.py`, loaded by path from this file's directory); the two namespace ways also give new
+  pid and mount namespaces, where the working directory and /tmp (and /dev/shm) become size-capped tmpfs
+  mounts. L waits for the program under the wall-clock limit.
 * C, forked by L: in a pid namespace it is pid 1, a reaper that waits for U; when C exits the kernel
   kills every process left in the namespace, including daemonised grandchildren. Without one, C *is* U
   and L kills U's process group and then each straggler that was reparented to it.
@@ -31,11 +32,18 @@ import os
 import resource
 import signal
 import stat
-import struct
 import sys
 import time
 import traceback
 import types
+
+if __package__:  # imported as drmas.tools.confine
+    from drmas.tools import seccomp_filter
+else:  # run by path with -I, where drmas may not be importable: the file next to this one
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import seccomp_filter
+
+    del sys.path[0]
 
 METHODS = ("netns", "userns", "seccomp")  # network isolation, in the spec's order of preference
 SETUP_FAILED = 70  # exit code of U when it could not confine itself (the program never ran)
@@ -49,12 +57,6 @@ _PR_SET_PDEATHSIG, _PR_SET_KEEPCAPS, _PR_SET_SECCOMP = 1, 8, 22
 _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 36, 38, 47, 2
 _CAP_DAC_READ_SEARCH, _CAPABILITY_VERSION_3 = 2, 0x20080522
 _SECCOMP_MODE_FILTER = 2
-# audit arch, the syscalls the seccomp filter looks at, and where a foreign ABI's numbers start (x32 calls on
-# x86_64 carry bit 30; they and i386 calls are refused wholesale, as they would bypass the numbers)
-_SYSCALLS = {
-    "x86_64": (0xC000003E, {"socket": 41, "kill": 62, "ptrace": 101, "io_uring_setup": 425}, 0x40000000),
-    "aarch64": (0xC00000B7, {"socket": 198, "kill": 129, "ptrace": 117, "io_uring_setup": 425}, None),
-}
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -117,7 +119,7 @@ def _isolate(spec: dict) -> tuple[str, bool]:
             return method, True
         if method == "userns" and os.getuid() != 0 and _user_namespace():
             return method, True
-        if method == "seccomp" and os.uname().machine in _SYSCALLS:
+        if method == "seccomp" and os.uname().machine in seccomp_filter.SYSCALLS:
             return method, False
     return "none", False
 
@@ -220,47 +222,12 @@ def _readable_by_all(paths: list[str]) -> bool:
 
 
 def _seccomp_no_network() -> bool:
-    """A seccomp filter for a program without namespaces: socket() for any family but AF_UNIX fails (EPERM),
-    and so do io_uring_setup (its own way to make sockets), ptrace, and kill(-1), which would signal every
-    process of the user; so does every call through a foreign syscall ABI."""
-    arch, nr, foreign = _SYSCALLS[os.uname().machine]
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
-    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    arg0 = 16  # offsets in struct seccomp_data: nr 0, arch 4, args[0] (its low word on little-endian) 16
-    program = [("op", ld, 4), ("jump", jeq, arch, None, "deny"), ("op", ld, 0)]
-    if foreign is not None:
-        program.append(("jump", jge, foreign, "deny", None))
-    program += [
-        ("jump", jeq, nr["socket"], "socket", None),
-        ("jump", jeq, nr["kill"], "kill", None),
-        ("jump", jeq, nr["io_uring_setup"], "deny", None),
-        ("jump", jeq, nr["ptrace"], "deny", "allow"),
-        ("label", "socket"), ("op", ld, arg0), ("jump", jeq, 1, "allow", "deny"),  # AF_UNIX
-        ("label", "kill"), ("op", ld, arg0), ("jump", jeq, 0xFFFFFFFF, "deny", "allow"),  # pid -1
-        ("label", "allow"), ("op", ret, allow),
-        ("label", "deny"), ("op", ret, deny),
-    ]
-    labels, index = {}, 0
-    for item in program:
-        if item[0] == "label":
-            labels[item[1]] = index
-        else:
-            index += 1
-    code, index = b"", 0
-    for item in program:
-        if item[0] == "label":
-            continue
-        index += 1
-        if item[0] == "op":
-            code += struct.pack("HBBI", item[1], 0, 0, item[2])
-        else:  # a jump's offsets count instructions after the next one; None = fall through
-            _, op, k, yes, no = item
-            offset = [0 if t is None else labels[t] - index for t in (yes, no)]
-            code += struct.pack("HBBI", op, offset[0], offset[1], k)
+    """Install `seccomp_filter.no_network` in this process (and every process it starts)."""
 
     class _Program(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
+    code = seccomp_filter.no_network(os.uname().machine)
     prog = _Program(len(code) // 8, code)
     return _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog))
 
