@@ -9,10 +9,10 @@ Three processes, so that whatever the program leaves behind dies with it:
 
 * L (this script as started): a child subreaper (orphans of the program come back to it, not to init).
   It cuts the network off: a new network namespace (root), else a user namespace owning one (any user,
-  where the kernel allows it), else a seccomp filter in U that refuses internet sockets (built by
-  `seccomp_filter.py`, loaded by path from this file's directory); the two namespace ways also give new
-  pid and mount namespaces, where the working directory and /tmp (and /dev/shm) become size-capped tmpfs
-  mounts. L waits for the program under the wall-clock limit.
+  where the kernel allows it), else a seccomp filter in U that refuses internet sockets
+  (`seccomp_filter.py`); the two namespace ways also give new pid and mount namespaces, where the working
+  directory and /tmp (and /dev/shm) become size-capped tmpfs mounts (`mounts.py`; both files are loaded by
+  path from this one's directory). L waits for the program under the wall-clock limit.
 * C, forked by L: in a pid namespace it is pid 1, a reaper that waits for U; when C exits the kernel
   kills every process left in the namespace, including daemonised grandchildren. Without one, C *is* U
   and L kills U's process group and then each straggler that was reparented to it.
@@ -31,28 +31,24 @@ import json
 import os
 import resource
 import signal
-import stat
 import sys
 import time
 import traceback
 import types
 
 if __package__:  # imported as drmas.tools.confine
-    from drmas.tools import seccomp_filter
-else:  # run by path with -I, where drmas may not be importable: the file next to this one
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from drmas.tools import mounts, seccomp_filter
+else:  # run by path with -I, where drmas may not be importable: the files next to this one, by these names
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # only while we import them
+    import mounts
     import seccomp_filter
 
-    del sys.path[0]
+    del sys.path[0], sys.modules["mounts"], sys.modules["seccomp_filter"]  # the program's imports find its own
 
 METHODS = ("netns", "userns", "seccomp")  # network isolation, in the spec's order of preference
 SETUP_FAILED = 70  # exit code of U when it could not confine itself (the program never ran)
 
 _CLONE_NEWNET, _CLONE_NEWPID, _CLONE_NEWUSER, _CLONE_NEWNS = 0x40000000, 0x20000000, 0x10000000, 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
-# mount_setattr and open_tree have the same numbers on x86_64 and aarch64
-_MOUNT_SETATTR, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY, _OPEN_TREE, _OPEN_TREE_CLONE = 442, 0x8000, 0x1, 428, 0x1
-_AT_FDCWD = -100
 _PR_SET_PDEATHSIG, _PR_SET_KEEPCAPS, _PR_SET_SECCOMP = 1, 8, 22
 _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 36, 38, 47, 2
 _CAP_DAC_READ_SEARCH, _CAPABILITY_VERSION_3 = 2, 0x20080522
@@ -66,7 +62,6 @@ class _Stop(Exception):
 
 
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
 
 def _prctl(option: int, arg: int = 0, arg3: int = 0) -> bool:
@@ -75,12 +70,6 @@ def _prctl(option: int, arg: int = 0, arg3: int = 0) -> bool:
 
 def _unshare(flags: int) -> bool:
     return _libc.unshare(flags) == 0
-
-
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    encode = (lambda text: None if text is None else text.encode())
-    if _libc.mount(encode(source), target.encode(), encode(fstype), flags, encode(data)) != 0:
-        raise OSError(ctypes.get_errno(), f"mount on {target}: {os.strerror(ctypes.get_errno())}")
 
 
 class _Status:
@@ -122,74 +111,6 @@ def _isolate(spec: dict) -> tuple[str, bool]:
         if method == "seccomp" and os.uname().machine in seccomp_filter.SYSCALLS:
             return method, False
     return "none", False
-
-
-def _private_disk(spec: dict, uid: int) -> int | None:
-    """In our own mount namespace, make what the program may write memory of capped size that vanishes with
-    the namespace: every mount read-only, then the working directory a tmpfs of `disk_bytes` holding the same
-    files, and /tmp (with /dev/shm bound to it) another, in which the working directory's path is kept.
-    Returns a descriptor of the directory underneath (where the read-back files go at the end), or None
-    where that is refused (the program then writes to the disk, each file capped by RLIMIT_FSIZE)."""
-    cwd = os.getcwd()  # paths are used relative to it: its parents need not be searchable by a user without root
-    # a detached copy of the directory's mount (Linux 5.2+) stays writable when the others turn read-only
-    tree = _libc.syscall(_OPEN_TREE, _AT_FDCWD, b".", _OPEN_TREE_CLONE | os.O_CLOEXEC)
-    under = tree if tree >= 0 else os.open(".", os.O_RDONLY | os.O_DIRECTORY)
-    files = {}
-    for name in os.listdir("."):
-        with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW), "rb") as handle:
-            files[name] = handle.read()
-    size = f"size={spec['disk_bytes']}"
-    try:
-        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing mounted here shows outside
-        spec["read_only"] = tree >= 0 and _read_only("/")
-        _mount("tmpfs", ".", "tmpfs", _MS_NOSUID | _MS_NODEV, f"{size},mode=0700,uid={uid},gid={uid}")
-    except OSError:
-        os.close(under)
-        return None
-    os.chdir(os.path.join("..", os.path.basename(cwd)))  # into the new tmpfs ("." is still the one below)
-    if os.path.isdir("/tmp"):
-        _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"{size},mode=1777")
-        if not os.path.isdir(cwd):  # it was under /tmp: the same path again, in the new /tmp
-            os.makedirs(cwd, mode=0o711)
-            _mount("/proc/self/cwd", cwd, None, _MS_BIND)
-        if os.path.isdir("/dev/shm"):
-            _mount("/tmp", "/dev/shm", None, _MS_BIND)
-    for name, data in files.items():
-        with open(name, "wb") as handle:
-            handle.write(data)
-        os.chown(name, uid, uid)
-    return under
-
-
-def _read_only(path: str) -> bool:
-    """Every mount under `path` read-only in our mount namespace, so the program writes only the tmpfs
-    mounts made after this, whatever its uid may write on the host; false where the kernel lacks
-    mount_setattr (before Linux 5.12)."""
-
-    class _Attr(ctypes.Structure):
-        _fields_ = [("set", ctypes.c_uint64), ("clear", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
-                    ("userns_fd", ctypes.c_uint64)]
-
-    attr = _Attr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
-    return _libc.syscall(_MOUNT_SETATTR, _AT_FDCWD, path.encode(), _AT_RECURSIVE, ctypes.byref(attr),
-                         ctypes.sizeof(attr)) == 0
-
-
-def _copy_out(names: list[str], under: int, limit: int) -> None:
-    """The read-back files the program left in the tmpfs, copied to the directory underneath for the parent
-    (never through a symlink, at most `limit` bytes each)."""
-    for name in names:
-        try:
-            source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue
-        with open(source, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(source).st_mode):
-                continue
-            data = handle.read(limit)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-        with open(os.open(name, flags, 0o600, dir_fd=under), "wb") as out:
-            out.write(data)
 
 
 def _processes_of(uid: int) -> int:
@@ -415,7 +336,7 @@ def main(argv: list[str]) -> None:
                                 f"{', '.join(spec['network']) or 'none'}) and it is required")
         sys.exit(SETUP_FAILED)
     spec["seccomp"] = method == "seccomp"
-    under = _private_disk(spec, uid) if pid_namespace else None
+    under = mounts.private_disk(spec, uid) if pid_namespace else None
     nproc = None
     if uid != 0:  # root is exempt from RLIMIT_NPROC; it counts every process of the uid (us included, and C)
         nproc = running + (1 if pid_namespace and uid == os.getuid() else 0) + spec["max_processes"]
@@ -444,7 +365,7 @@ def main(argv: list[str]) -> None:
         _kill(child, group=True)  # the program's background processes in its own group
     status.send(swept=_sweep(), **_usage())  # the usage now includes a killed program and its stragglers
     if under is not None:
-        _copy_out(spec["read_back"], under, spec["file_bytes"])
+        mounts.copy_out(spec["read_back"], under, spec["file_bytes"])
 
 
 if __name__ == "__main__":
