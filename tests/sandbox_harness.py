@@ -1,12 +1,16 @@
-"""Helpers of the sandbox tests: the limits they share, tools made under one work root, the wrapper that runs
-a tool's launcher as an unprivileged user, and the check that a finished run left no process and no working
-directory."""
+"""Helpers of the sandbox tests: the limits they share, a work root every user may search and tools made
+under it, the interpreter the seccomp fallback can run as root, the wrapper that runs a tool's launcher as an
+unprivileged user, and the check that a finished run left no process and no working directory."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sys
+import tempfile
 from pathlib import Path
+from typing import Iterator, Optional
 
 from drmas.config.sandbox import SandboxConfig
 from drmas.tools import SandboxTool
@@ -19,10 +23,43 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 UNPRIVILEGED = bool(shutil.which("setpriv")) and os.path.exists(SYSTEM_PYTHON)
 
 
+@contextlib.contextmanager
+def searchable_root() -> Iterator[Path]:
+    """A fresh directory in the system's temp directory (the default `tmp_dir`) that every user may search:
+    without a mount namespace, as root, the program's uid must reach its working directory by its path
+    (pytest's own temp directories are root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="drmas-sandbox-tests-"))
+    path.chmod(0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def make_tool(work_root: Path, name: str, **changes) -> SandboxTool:
     root = work_root / name
     root.mkdir(exist_ok=True)
     return SandboxTool(SandboxConfig(**{**LIMITS, "tmp_dir": str(root), **changes}), where=f"test.{name}")
+
+
+def readable_by_others(path: str) -> bool:
+    """Whether a user of no group of the owner's can list `path` and reach it (every parent searchable)."""
+    path = os.path.realpath(path)
+    if os.stat(path).st_mode & 0o5 != 0o5:
+        return False
+    while path != "/":
+        path = os.path.dirname(path)
+        if not os.stat(path).st_mode & 0o1:
+            return False
+    return True
+
+
+def fallback_python() -> Optional[str]:
+    """The interpreter for the seccomp fallback as root: without a mount namespace the program's uid reads only
+    what every user may, so one under /root (a pyenv) cannot run there; null where this one is readable."""
+    if not IS_ROOT or all(readable_by_others(p) for p in (sys.base_prefix, sys.prefix)):
+        return None
+    return SYSTEM_PYTHON
 
 
 def nobody_python(directory: Path) -> str:

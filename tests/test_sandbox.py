@@ -2,7 +2,10 @@
 output, file size, open files), what is left behind (child processes, the working directory), the network,
 crashes, and a batch where one program misbehaves. The default tool takes the namespace way where it works
 (root here); the `seccomp` tool takes the fallback an unprivileged user without namespaces gets (no pid
-namespace: the launcher sweeps stragglers as their subreaper), so both confinement paths are exercised.
+namespace: the launcher sweeps stragglers as their subreaper), so both confinement paths are exercised. As root the
+seccomp tool runs an interpreter every user may read (the system Python where ours is under /root): without
+a mount namespace nothing else is shown to the program's uid. What a program must not reach of the host:
+tests/test_sandbox_escapes.py.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
-from sandbox_harness import IS_ROOT, UNPRIVILEGED, assert_nothing_left, nobody_python
+from sandbox_harness import IS_ROOT, UNPRIVILEGED, assert_nothing_left, fallback_python, nobody_python
+from sandbox_harness import searchable_root
 from sandbox_harness import make_tool as _tool
 
 from drmas.config.sandbox import SandboxConfig
@@ -24,8 +29,9 @@ from drmas.tools import SandboxRequest, SandboxTool, SandboxUnavailable
 
 
 @pytest.fixture(scope="module")
-def work_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("sandbox-work")
+def work_root() -> Iterator[Path]:
+    with searchable_root() as root:
+        yield root
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +42,7 @@ def default_tool(work_root):
 
 @pytest.fixture(scope="module")
 def seccomp_tool(work_root):
-    with _tool(work_root, "seccomp", network_isolation=["seccomp"]) as tool:
+    with _tool(work_root, "seccomp", network_isolation=["seccomp"], python=fallback_python()) as tool:
         yield tool
 
 
@@ -342,7 +348,7 @@ def test_programs_die_with_the_drmas_process(tmp_path):
 def test_no_network_isolation_is_refused_or_reported(work_root, caplog):
     with pytest.raises(SandboxUnavailable, match=r"test\.none: .*require_network_isolation"):
         _tool(work_root, "none", network_isolation=[])
-    with caplog.at_level("WARNING"), _tool(work_root, "none", network_isolation=[],
+    with caplog.at_level("WARNING"), _tool(work_root, "none", network_isolation=[], python=fallback_python(),
                                             require_network_isolation=False) as tool:
         assert tool.run("print(1)").network == "none"
     assert "NOT isolated from the network" in caplog.text

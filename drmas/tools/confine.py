@@ -10,14 +10,19 @@ Three processes, so that whatever the program leaves behind dies with it:
 * L (this script as started): a child subreaper (orphans of the program come back to it, not to init).
   It cuts the network off: a new network namespace (root), else a user namespace owning one (any user,
   where the kernel allows it), else a seccomp filter in U that refuses internet sockets
-  (`seccomp_filter.py`); the two namespace ways also give new pid and mount namespaces, where the working
-  directory and /tmp (and /dev/shm) become size-capped tmpfs mounts (`mounts.py`; both files are loaded by
-  path from this one's directory). L waits for the program under the wall-clock limit.
-* C, forked by L: in a pid namespace it is pid 1, a reaper that waits for U; when C exits the kernel
-  kills every process left in the namespace, including daemonised grandchildren. Without one, C *is* U
-  and L kills U's process group and then each straggler that was reparented to it.
-* U: drops root (to a uid of its own, so RLIMIT_NPROC applies), sets the resource limits and
-  no_new_privs (and the seccomp filter when that is the network guard), then runs ``main.py``.
+  (`seccomp_filter.py`); the two namespace ways also give new pid and mount namespaces, where the host
+  turns read-only, the working directory and /tmp (and /dev/shm) become size-capped tmpfs mounts, and
+  /run an empty one (`mounts.py`; both files are loaded by path from this one's directory). L waits for
+  the program under the wall-clock limit, and copies its read-back files out.
+* C, forked by L: in a pid namespace it is pid 1, a reaper that waits for U, in a mount namespace of its
+  own with a /proc of that pid namespace; when C exits the kernel kills every process left in the
+  namespace, including daemonised grandchildren. Without one, C *is* U and L kills U's process group and
+  then each straggler that was reparented to it.
+* U: drops root (to a uid of its own, which reads only what every user may, and to which RLIMIT_NPROC
+  applies) and every capability, sets the resource limits and no_new_privs (and the seccomp filter when
+  that is the network guard), then runs ``main.py`` in this interpreter (a fork, no exec).
+
+C and U hold no descriptor but 0, 1, 2 and the status pipe: a fork inherits close-on-exec ones too.
 
 Every process reports on the status pipe (fd given in the spec) as JSON lines: how it was confined,
 the program's exit code or signal and CPU time, an uncaught MemoryError, a timeout, a setup failure.
@@ -49,9 +54,8 @@ METHODS = ("netns", "userns", "seccomp")  # network isolation, in the spec's ord
 SETUP_FAILED = 70  # exit code of U when it could not confine itself (the program never ran)
 
 _CLONE_NEWNET, _CLONE_NEWPID, _CLONE_NEWUSER, _CLONE_NEWNS = 0x40000000, 0x20000000, 0x10000000, 0x00020000
-_PR_SET_PDEATHSIG, _PR_SET_KEEPCAPS, _PR_SET_SECCOMP = 1, 8, 22
-_PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 36, 38, 47, 2
-_CAP_DAC_READ_SEARCH, _CAPABILITY_VERSION_3 = 2, 0x20080522
+_PR_SET_PDEATHSIG, _PR_SET_SECCOMP, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 22, 36, 38
+_CAPABILITY_VERSION_3 = 0x20080522
 _SECCOMP_MODE_FILTER = 2
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -126,19 +130,6 @@ def _processes_of(uid: int) -> int:
     return count
 
 
-def _readable_by_all(paths: list[str]) -> bool:
-    """Whether another user can read the interpreter's import path (false for e.g. a pyenv under /root)."""
-    for path in filter(os.path.isdir, paths):
-        path = os.path.realpath(path)
-        if (os.stat(path).st_mode & 0o5) != 0o5:
-            return False
-        while path != "/":
-            path = os.path.dirname(path)
-            if not os.stat(path).st_mode & 0o1:
-                return False
-    return True
-
-
 # ---- U: the program's own process ------------------------------------------------------------------------
 
 
@@ -153,18 +144,18 @@ def _seccomp_no_network() -> bool:
     return _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog))
 
 
-def _drop_root(uid: int, gid: int, keep_read: bool) -> None:
+def _drop_root(uid: int, gid: int) -> None:
     """Become `uid`, an unprivileged user of the sandbox's own: it may write only the working directory (and
-    world-writable places), and RLIMIT_NPROC, which root ignores, applies. With `keep_read` it keeps one
-    capability, CAP_DAC_READ_SEARCH (read any file, also across exec), for an interpreter that others may
-    not read."""
-    if keep_read:
-        _prctl(_PR_SET_KEEPCAPS, 1)
+    world-writable places), it reads only what every user may, and RLIMIT_NPROC, which root ignores, applies."""
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)
-    if not keep_read:
-        return
+
+
+def _no_capabilities() -> None:
+    """Drop every capability left. After setuid from root none are; but a process that made its user
+    namespace holds all of them over its mounts, and could unmount the tmpfs mounts or turn the host writable
+    again, and the program runs in this very process (no exec that would drop them)."""
 
     class _Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -172,12 +163,8 @@ def _drop_root(uid: int, gid: int, keep_read: bool) -> None:
     class _Data(ctypes.Structure):
         _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
-    data = (_Data * 2)()
-    data[0].effective = data[0].permitted = data[0].inheritable = 1 << _CAP_DAC_READ_SEARCH
-    if _libc.capset(ctypes.byref(_Header(_CAPABILITY_VERSION_3, 0)), data) != 0 or not _prctl(
-        _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, _CAP_DAC_READ_SEARCH
-    ):
-        raise OSError(ctypes.get_errno(), "keeping CAP_DAC_READ_SEARCH: " + os.strerror(ctypes.get_errno()))
+    if _libc.capset(ctypes.byref(_Header(_CAPABILITY_VERSION_3, 0)), (_Data * 2)()) != 0:
+        raise OSError(ctypes.get_errno(), "dropping capabilities: " + os.strerror(ctypes.get_errno()))
 
 
 def _limit(spec: dict, nproc: int | None) -> None:
@@ -204,7 +191,8 @@ def _program(spec: dict, status: _Status, nproc: int | None) -> None:
         os.setpgid(0, 0)
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if spec["uid"] is not None and os.getuid() == 0:
-            _drop_root(spec["uid"], spec["gid"], keep_read=spec["keep_read"])
+            _drop_root(spec["uid"], spec["gid"])
+        _no_capabilities()
         _limit(spec, nproc)
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)  # also a seccomp filter's precondition for a process without root
         if spec["seccomp"] and not _seccomp_no_network():
@@ -304,11 +292,33 @@ def _reaper(spec: dict, status: _Status, nproc: int | None) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     for signum in (signal.SIGTERM, signal.SIGALRM):
         signal.signal(signum, signal.SIG_DFL)
+    try:
+        status.send(proc=mounts.private_proc())
+    except OSError as exc:
+        status.send(setup_error=f"hiding the host's processes failed: {exc}")
+        os._exit(SETUP_FAILED)
     program = os.fork()
     if program == 0:
         _program(spec, status, nproc)
     _wait(program, status)
     os._exit(0)  # the kernel now kills whatever the program left in the namespace
+
+
+def _close_fds(keep: int) -> None:
+    """In C or U: close every descriptor but 0, 1, 2 and `keep` (the status pipe). A fork inherits them all,
+    close-on-exec or not, and the program runs without an exec: L's handle of the host's working directory
+    (`mounts.private_disk`) would let it write past the tmpfs, and reach the rest of that filesystem."""
+    try:  # the highest open one (a loop up to RLIMIT_NOFILE where the kernel lacks close_range is slow)
+        top = max(map(int, os.listdir("/proc/self/fd"))) + 1
+    except (OSError, ValueError):
+        top = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    os.closerange(3, keep)
+    os.closerange(keep + 1, top)
+
+
+def _setup_failed(status: _Status, text: str) -> None:
+    status.send(setup_error=text)
+    sys.exit(SETUP_FAILED)
 
 
 def _kill(pid: int, group: bool) -> None:
@@ -327,28 +337,35 @@ def main(argv: list[str]) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # our parent died: still kill the program
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     uid = os.getuid() if spec["uid"] is None else spec["uid"]
-    spec["keep_read"] = uid != os.getuid() and not _readable_by_all(sys.path)
     # counted before a user namespace, where every unmapped uid reads as the overflow uid (65534, "nobody")
     running = _processes_of(uid) if uid != 0 else 0
     method, pid_namespace = _isolate(spec)
     if method == "none" and spec["require_network_isolation"]:
-        status.send(setup_error="no way to cut the network off works here (tried: "
-                                f"{', '.join(spec['network']) or 'none'}) and it is required")
-        sys.exit(SETUP_FAILED)
+        _setup_failed(status, "no way to cut the network off works here (tried: "
+                              f"{', '.join(spec['network']) or 'none'}) and it is required")
     spec["seccomp"] = method == "seccomp"
-    under = mounts.private_disk(spec, uid) if pid_namespace else None
+    try:
+        under = mounts.private_disk(spec, uid) if pid_namespace else None
+        blocked = mounts.unreachable(uid) if uid != os.getuid() else None
+    except OSError as exc:
+        _setup_failed(status, f"hiding the host's files from the program failed: {exc}")
+    if blocked is not None:  # not a capability to read every file instead: that read the host's secrets too
+        place, remedy = blocked
+        _setup_failed(status, f"the program's uid {uid} may not reach {place}"
+                              f"{'' if pid_namespace else ', and without a mount namespace it cannot be shown it'}: "
+                              f"{remedy}, or run programs as root (uid_base: null)")
     nproc = None
     if uid != 0:  # root is exempt from RLIMIT_NPROC; it counts every process of the uid (us included, and C)
         nproc = running + (1 if pid_namespace and uid == os.getuid() else 0) + spec["max_processes"]
     status.send(network=method, processes="pid_namespace" if pid_namespace else "subreaper",
                 disk="tmpfs" if under is not None else "host", read_only_host=spec.get("read_only", False),
-                uid=uid, process_limit=nproc is not None,
-                reads_all_files=spec["keep_read"])
+                uid=uid, process_limit=nproc is not None, **({} if pid_namespace else {"proc": "host"}))
     child = None
     signal.setitimer(signal.ITIMER_REAL, spec["timeout_s"])
     try:
         child = os.fork()
         if child == 0:
+            _close_fds(status.fd)
             (_reaper if pid_namespace else _program)(spec, status, nproc)
         if pid_namespace:
             os.waitpid(child, 0)
