@@ -4,7 +4,8 @@ For each pool size N, the same number of calls go through `SandboxTool.call_batc
 the launcher, namespaces or seccomp, resource limits, the program, the sweep and cleanup) and through a
 bare ``python -I -c pass`` subprocess per call on N threads: the ratio is the sandbox's rate over that
 baseline, and the per-call overhead is the difference of their mean latencies at N=1. Run once with the
-default network isolation and once with the seccomp fallback (no namespaces).
+default network isolation and once with the seccomp fallback (no namespaces; as root that needs an
+interpreter every user may read: where this one is not, e.g. under /root, the row says why it is missing).
 
     python bench/sandbox.py [--calls 40] [--workers 1 2 4]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from drmas.config.sandbox import SandboxConfig
-from drmas.tools import SandboxTool
+from drmas.tools import SandboxTool, SandboxUnavailable
 
 PROGRAM = "pass"
 
@@ -37,12 +39,12 @@ def bare(calls: int, workers: int) -> float:
 
 
 def sandboxed(calls: int, workers: int, methods: list[str]) -> tuple[float, str]:
-    with tempfile.TemporaryDirectory() as tmp, SandboxTool(
-        SandboxConfig(workers=workers, network_isolation=methods, tmp_dir=tmp)
-    ) as tool:
-        start = time.perf_counter()
-        results = tool.call_batch([PROGRAM] * calls)
-        elapsed = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o711)  # as the default tmp_dir: the program's uid may search it, also without namespaces
+        with SandboxTool(SandboxConfig(workers=workers, network_isolation=methods, tmp_dir=tmp)) as tool:
+            start = time.perf_counter()
+            results = tool.call_batch([PROGRAM] * calls)
+            elapsed = time.perf_counter() - start
     bad = [r for r in results if not r.ok]
     if bad:
         raise SystemExit(f"a trivial program failed in the sandbox: {bad[0]}")
@@ -58,7 +60,11 @@ def main() -> None:
     for methods in (["netns", "userns", "seccomp"], ["seccomp"]):
         for workers in args.workers:
             base = bare(args.calls, workers)
-            took, network = sandboxed(args.calls, workers, methods)
+            try:
+                took, network = sandboxed(args.calls, workers, methods)
+            except SandboxUnavailable as exc:
+                print(f"{'/'.join(methods)}: {exc}")
+                break
             rows.append({"network": network, "workers": workers, "calls": args.calls,
                          "sandbox_calls_per_s": args.calls / took, "bare_calls_per_s": args.calls / base,
                          "ratio": base / took, "sandbox_ms": 1000 * took / args.calls * workers,

@@ -2,39 +2,36 @@
 output, file size, open files), what is left behind (child processes, the working directory), the network,
 crashes, and a batch where one program misbehaves. The default tool takes the namespace way where it works
 (root here); the `seccomp` tool takes the fallback an unprivileged user without namespaces gets (no pid
-namespace: the launcher sweeps stragglers as their subreaper), so both confinement paths are exercised.
+namespace: the launcher sweeps stragglers as their subreaper), so both confinement paths are exercised. As root the
+seccomp tool runs an interpreter every user may read (the system Python where ours is under /root): without
+a mount namespace nothing else is shown to the program's uid. What a program must not reach of the host:
+tests/test_sandbox_escapes.py.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+from sandbox_harness import IS_ROOT, UNPRIVILEGED, assert_nothing_left, fallback_python, nobody_python
+from sandbox_harness import searchable_root
+from sandbox_harness import make_tool as _tool
 
 from drmas.config.sandbox import SandboxConfig
 from drmas.tools import SandboxRequest, SandboxTool, SandboxUnavailable
 
-LIMITS = dict(timeout_s=1.5, cpu_s=5, memory_mb=256, max_processes=8, max_output_kb=64, max_file_mb=1,
-              max_disk_mb=4, max_open_files=32, workers=4, tail_chars=2000)
-IS_ROOT = os.geteuid() == 0
-
 
 @pytest.fixture(scope="module")
-def work_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("sandbox-work")
-
-
-def _tool(work_root: Path, name: str, **changes) -> SandboxTool:
-    root = work_root / name
-    root.mkdir(exist_ok=True)
-    return SandboxTool(SandboxConfig(**{**LIMITS, "tmp_dir": str(root), **changes}), where=f"test.{name}")
+def work_root() -> Iterator[Path]:
+    with searchable_root() as root:
+        yield root
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +42,7 @@ def default_tool(work_root):
 
 @pytest.fixture(scope="module")
 def seccomp_tool(work_root):
-    with _tool(work_root, "seccomp", network_isolation=["seccomp"]) as tool:
+    with _tool(work_root, "seccomp", network_isolation=["seccomp"], python=fallback_python()) as tool:
         yield tool
 
 
@@ -54,28 +51,13 @@ def tool(request) -> SandboxTool:
     return request.getfixturevalue(f"{request.param}_tool")
 
 
-def _leftovers(tool: SandboxTool) -> list[int]:
-    """Processes whose working directory is under the tool's tmp_dir (a run's directory, deleted or not)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.readlink(f"/proc/{name}/cwd").startswith(tool.config.tmp_dir):
-                    found.append(int(name))
-            except OSError:
-                pass
-    return found
-
-
 @pytest.fixture(autouse=True)
 def nothing_left(request):
     """After every test: no process of a run still alive, no working directory left."""
     yield
     for name in ("default_tool", "seccomp_tool"):
         if name in request.fixturenames:
-            tool = request.getfixturevalue(name)
-            assert _leftovers(tool) == [], "a process of a finished run is still alive"
-            assert os.listdir(tool.config.tmp_dir) == [], "a working directory was not removed"
+            assert_nothing_left(request.getfixturevalue(name))
 
 
 def test_a_program_runs_and_reports(tool):
@@ -316,7 +298,7 @@ def test_closing_kills_running_programs(work_root):
     tool.close()
     runner.join(10)
     assert [r.status for r in results] == ["killed", "killed"] and time.monotonic() - started < 5
-    assert _leftovers(tool) == [] and os.listdir(tool.config.tmp_dir) == []
+    assert_nothing_left(tool)
     assert [r.status for r in tool.call_batch(["print(1)"])] == ["killed"]  # closed: nothing runs any more
 
 
@@ -366,7 +348,7 @@ def test_programs_die_with_the_drmas_process(tmp_path):
 def test_no_network_isolation_is_refused_or_reported(work_root, caplog):
     with pytest.raises(SandboxUnavailable, match=r"test\.none: .*require_network_isolation"):
         _tool(work_root, "none", network_isolation=[])
-    with caplog.at_level("WARNING"), _tool(work_root, "none", network_isolation=[],
+    with caplog.at_level("WARNING"), _tool(work_root, "none", network_isolation=[], python=fallback_python(),
                                             require_network_isolation=False) as tool:
         assert tool.run("print(1)").network == "none"
     assert "NOT isolated from the network" in caplog.text
@@ -388,19 +370,12 @@ def test_config_methods_are_the_launchers():
     assert NETWORK_ISOLATION == confine.METHODS
 
 
-_UNPRIVILEGED = shutil.which("setpriv") and os.path.exists("/usr/bin/python3")
-
-
-@pytest.mark.skipif(not (IS_ROOT and _UNPRIVILEGED), reason="needs root, setpriv and /usr/bin/python3")
+@pytest.mark.skipif(not (IS_ROOT and UNPRIVILEGED), reason="needs root, setpriv and /usr/bin/python3")
 def test_an_unprivileged_user(work_root, tmp_path):
     """What a user without root gets: the launcher started as uid 65534 (through a wrapper interpreter that
     hands it the working directory and drops root), so the user-namespace path and RLIMIT_NPROC counted
     over the uid's processes are the real ones. The system Python, since another user may not read ours."""
-    wrapper = tmp_path / "python-as-nobody"
-    wrapper.write_text('#!/bin/sh\nchown -R 65534:65534 .\n'
-                       'exec setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/python3 "$@"\n')
-    wrapper.chmod(0o755)
-    with socket.socket() as listener, _tool(work_root, "nobody", python=str(wrapper), uid_base=None) as tool:
+    with socket.socket() as listener, _tool(work_root, "nobody", python=nobody_python(tmp_path), uid_base=None) as tool:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]

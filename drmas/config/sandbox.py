@@ -56,12 +56,15 @@ class SandboxConfig(Section):
         "false: run such programs with the network and say so in each result and the log.")
     uid_base: Optional[int] = _f(
         2_147_000_000, "When drmas runs as root, worker N runs programs as uid uid_base + N (no account needed): "
-        "it cannot write root's files, and RLIMIT_NPROC, which root ignores, applies. null: programs run as "
-        "root, without a process limit.")
-    python: Optional[str] = _f(None, "Interpreter the programs run in, with -I (null: the one running drmas).")
+        "it cannot write root's files nor read what only root may, and RLIMIT_NPROC, which root ignores, "
+        "applies. null: programs run as root, without a process limit.")
+    python: Optional[str] = _f(
+        None, "Interpreter the programs run in, with -I (null: the one running drmas). As root without namespaces "
+        "(the seccomp fallback) it must be one every user may read, e.g. /usr/bin/python3: the tool refuses "
+        "to start otherwise (with namespaces, one under /root is shown to the programs' uid).")
     tmp_dir: Optional[str] = _f(
         None, "Where each program's working directory is made and removed afterwards (null: the system's temp "
-        "directory).")
+        "directory). As root without namespaces, every user must be able to search its parents.")
 
     def problems(self, where: str) -> list[str]:
         found = []

@@ -9,14 +9,20 @@ Three processes, so that whatever the program leaves behind dies with it:
 
 * L (this script as started): a child subreaper (orphans of the program come back to it, not to init).
   It cuts the network off: a new network namespace (root), else a user namespace owning one (any user,
-  where the kernel allows it), else a seccomp filter in U that refuses internet sockets; the two
-  namespace ways also give new pid and mount namespaces, where the working directory and /tmp (and
-  /dev/shm) become size-capped tmpfs mounts. L waits for the program under the wall-clock limit.
-* C, forked by L: in a pid namespace it is pid 1, a reaper that waits for U; when C exits the kernel
-  kills every process left in the namespace, including daemonised grandchildren. Without one, C *is* U
-  and L kills U's process group and then each straggler that was reparented to it.
-* U: drops root (to a uid of its own, so RLIMIT_NPROC applies), sets the resource limits and
-  no_new_privs (and the seccomp filter when that is the network guard), then runs ``main.py``.
+  where the kernel allows it), else a seccomp filter in U that refuses internet sockets
+  (`seccomp_filter.py`); the two namespace ways also give new pid and mount namespaces, where the host
+  turns read-only, the working directory and /tmp (and /dev/shm) become size-capped tmpfs mounts, and
+  /run an empty one (`mounts.py`; both files are loaded by path from this one's directory). L waits for
+  the program under the wall-clock limit, and copies its read-back files out.
+* C, forked by L: in a pid namespace it is pid 1, a reaper that waits for U, in a mount namespace of its
+  own with a /proc of that pid namespace; when C exits the kernel kills every process left in the
+  namespace, including daemonised grandchildren. Without one, C *is* U and L kills U's process group and
+  then each straggler that was reparented to it.
+* U: drops root (to a uid of its own, which reads only what every user may, and to which RLIMIT_NPROC
+  applies) and every capability, sets the resource limits and no_new_privs (and the seccomp filter when
+  that is the network guard), then runs ``main.py`` in this interpreter (a fork, no exec).
+
+C and U hold no descriptor but 0, 1, 2 and the status pipe: a fork inherits close-on-exec ones too.
 
 Every process reports on the status pipe (fd given in the spec) as JSON lines: how it was confined,
 the program's exit code or signal and CPU time, an uncaught MemoryError, a timeout, a setup failure.
@@ -30,31 +36,27 @@ import json
 import os
 import resource
 import signal
-import stat
-import struct
 import sys
 import time
 import traceback
 import types
 
+if __package__:  # imported as drmas.tools.confine
+    from drmas.tools import mounts, seccomp_filter
+else:  # run by path with -I, where drmas may not be importable: the files next to this one, by these names
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # only while we import them
+    import mounts
+    import seccomp_filter
+
+    del sys.path[0], sys.modules["mounts"], sys.modules["seccomp_filter"]  # the program's imports find its own
+
 METHODS = ("netns", "userns", "seccomp")  # network isolation, in the spec's order of preference
 SETUP_FAILED = 70  # exit code of U when it could not confine itself (the program never ran)
 
 _CLONE_NEWNET, _CLONE_NEWPID, _CLONE_NEWUSER, _CLONE_NEWNS = 0x40000000, 0x20000000, 0x10000000, 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
-# mount_setattr and open_tree have the same numbers on x86_64 and aarch64
-_MOUNT_SETATTR, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY, _OPEN_TREE, _OPEN_TREE_CLONE = 442, 0x8000, 0x1, 428, 0x1
-_AT_FDCWD = -100
-_PR_SET_PDEATHSIG, _PR_SET_KEEPCAPS, _PR_SET_SECCOMP = 1, 8, 22
-_PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 36, 38, 47, 2
-_CAP_DAC_READ_SEARCH, _CAPABILITY_VERSION_3 = 2, 0x20080522
+_PR_SET_PDEATHSIG, _PR_SET_SECCOMP, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 22, 36, 38
+_CAPABILITY_VERSION_3 = 0x20080522
 _SECCOMP_MODE_FILTER = 2
-# audit arch, the syscalls the seccomp filter looks at, and where a foreign ABI's numbers start (x32 calls on
-# x86_64 carry bit 30; they and i386 calls are refused wholesale, as they would bypass the numbers)
-_SYSCALLS = {
-    "x86_64": (0xC000003E, {"socket": 41, "kill": 62, "ptrace": 101, "io_uring_setup": 425}, 0x40000000),
-    "aarch64": (0xC00000B7, {"socket": 198, "kill": 129, "ptrace": 117, "io_uring_setup": 425}, None),
-}
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -64,7 +66,6 @@ class _Stop(Exception):
 
 
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
 
 def _prctl(option: int, arg: int = 0, arg3: int = 0) -> bool:
@@ -73,12 +74,6 @@ def _prctl(option: int, arg: int = 0, arg3: int = 0) -> bool:
 
 def _unshare(flags: int) -> bool:
     return _libc.unshare(flags) == 0
-
-
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    encode = (lambda text: None if text is None else text.encode())
-    if _libc.mount(encode(source), target.encode(), encode(fstype), flags, encode(data)) != 0:
-        raise OSError(ctypes.get_errno(), f"mount on {target}: {os.strerror(ctypes.get_errno())}")
 
 
 class _Status:
@@ -117,77 +112,9 @@ def _isolate(spec: dict) -> tuple[str, bool]:
             return method, True
         if method == "userns" and os.getuid() != 0 and _user_namespace():
             return method, True
-        if method == "seccomp" and os.uname().machine in _SYSCALLS:
+        if method == "seccomp" and os.uname().machine in seccomp_filter.SYSCALLS:
             return method, False
     return "none", False
-
-
-def _private_disk(spec: dict, uid: int) -> int | None:
-    """In our own mount namespace, make what the program may write memory of capped size that vanishes with
-    the namespace: every mount read-only, then the working directory a tmpfs of `disk_bytes` holding the same
-    files, and /tmp (with /dev/shm bound to it) another, in which the working directory's path is kept.
-    Returns a descriptor of the directory underneath (where the read-back files go at the end), or None
-    where that is refused (the program then writes to the disk, each file capped by RLIMIT_FSIZE)."""
-    cwd = os.getcwd()  # paths are used relative to it: its parents need not be searchable by a user without root
-    # a detached copy of the directory's mount (Linux 5.2+) stays writable when the others turn read-only
-    tree = _libc.syscall(_OPEN_TREE, _AT_FDCWD, b".", _OPEN_TREE_CLONE | os.O_CLOEXEC)
-    under = tree if tree >= 0 else os.open(".", os.O_RDONLY | os.O_DIRECTORY)
-    files = {}
-    for name in os.listdir("."):
-        with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW), "rb") as handle:
-            files[name] = handle.read()
-    size = f"size={spec['disk_bytes']}"
-    try:
-        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing mounted here shows outside
-        spec["read_only"] = tree >= 0 and _read_only("/")
-        _mount("tmpfs", ".", "tmpfs", _MS_NOSUID | _MS_NODEV, f"{size},mode=0700,uid={uid},gid={uid}")
-    except OSError:
-        os.close(under)
-        return None
-    os.chdir(os.path.join("..", os.path.basename(cwd)))  # into the new tmpfs ("." is still the one below)
-    if os.path.isdir("/tmp"):
-        _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"{size},mode=1777")
-        if not os.path.isdir(cwd):  # it was under /tmp: the same path again, in the new /tmp
-            os.makedirs(cwd, mode=0o711)
-            _mount("/proc/self/cwd", cwd, None, _MS_BIND)
-        if os.path.isdir("/dev/shm"):
-            _mount("/tmp", "/dev/shm", None, _MS_BIND)
-    for name, data in files.items():
-        with open(name, "wb") as handle:
-            handle.write(data)
-        os.chown(name, uid, uid)
-    return under
-
-
-def _read_only(path: str) -> bool:
-    """Every mount under `path` read-only in our mount namespace, so the program writes only the tmpfs
-    mounts made after this, whatever its uid may write on the host; false where the kernel lacks
-    mount_setattr (before Linux 5.12)."""
-
-    class _Attr(ctypes.Structure):
-        _fields_ = [("set", ctypes.c_uint64), ("clear", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
-                    ("userns_fd", ctypes.c_uint64)]
-
-    attr = _Attr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
-    return _libc.syscall(_MOUNT_SETATTR, _AT_FDCWD, path.encode(), _AT_RECURSIVE, ctypes.byref(attr),
-                         ctypes.sizeof(attr)) == 0
-
-
-def _copy_out(names: list[str], under: int, limit: int) -> None:
-    """The read-back files the program left in the tmpfs, copied to the directory underneath for the parent
-    (never through a symlink, at most `limit` bytes each)."""
-    for name in names:
-        try:
-            source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue
-        with open(source, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(source).st_mode):
-                continue
-            data = handle.read(limit)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-        with open(os.open(name, flags, 0o600, dir_fd=under), "wb") as out:
-            out.write(data)
 
 
 def _processes_of(uid: int) -> int:
@@ -203,80 +130,32 @@ def _processes_of(uid: int) -> int:
     return count
 
 
-def _readable_by_all(paths: list[str]) -> bool:
-    """Whether another user can read the interpreter's import path (false for e.g. a pyenv under /root)."""
-    for path in filter(os.path.isdir, paths):
-        path = os.path.realpath(path)
-        if (os.stat(path).st_mode & 0o5) != 0o5:
-            return False
-        while path != "/":
-            path = os.path.dirname(path)
-            if not os.stat(path).st_mode & 0o1:
-                return False
-    return True
-
-
 # ---- U: the program's own process ------------------------------------------------------------------------
 
 
 def _seccomp_no_network() -> bool:
-    """A seccomp filter for a program without namespaces: socket() for any family but AF_UNIX fails (EPERM),
-    and so do io_uring_setup (its own way to make sockets), ptrace, and kill(-1), which would signal every
-    process of the user; so does every call through a foreign syscall ABI."""
-    arch, nr, foreign = _SYSCALLS[os.uname().machine]
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
-    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    arg0 = 16  # offsets in struct seccomp_data: nr 0, arch 4, args[0] (its low word on little-endian) 16
-    program = [("op", ld, 4), ("jump", jeq, arch, None, "deny"), ("op", ld, 0)]
-    if foreign is not None:
-        program.append(("jump", jge, foreign, "deny", None))
-    program += [
-        ("jump", jeq, nr["socket"], "socket", None),
-        ("jump", jeq, nr["kill"], "kill", None),
-        ("jump", jeq, nr["io_uring_setup"], "deny", None),
-        ("jump", jeq, nr["ptrace"], "deny", "allow"),
-        ("label", "socket"), ("op", ld, arg0), ("jump", jeq, 1, "allow", "deny"),  # AF_UNIX
-        ("label", "kill"), ("op", ld, arg0), ("jump", jeq, 0xFFFFFFFF, "deny", "allow"),  # pid -1
-        ("label", "allow"), ("op", ret, allow),
-        ("label", "deny"), ("op", ret, deny),
-    ]
-    labels, index = {}, 0
-    for item in program:
-        if item[0] == "label":
-            labels[item[1]] = index
-        else:
-            index += 1
-    code, index = b"", 0
-    for item in program:
-        if item[0] == "label":
-            continue
-        index += 1
-        if item[0] == "op":
-            code += struct.pack("HBBI", item[1], 0, 0, item[2])
-        else:  # a jump's offsets count instructions after the next one; None = fall through
-            _, op, k, yes, no = item
-            offset = [0 if t is None else labels[t] - index for t in (yes, no)]
-            code += struct.pack("HBBI", op, offset[0], offset[1], k)
+    """Install `seccomp_filter.no_network` in this process (and every process it starts)."""
 
     class _Program(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
+    code = seccomp_filter.no_network(os.uname().machine)
     prog = _Program(len(code) // 8, code)
     return _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog))
 
 
-def _drop_root(uid: int, gid: int, keep_read: bool) -> None:
+def _drop_root(uid: int, gid: int) -> None:
     """Become `uid`, an unprivileged user of the sandbox's own: it may write only the working directory (and
-    world-writable places), and RLIMIT_NPROC, which root ignores, applies. With `keep_read` it keeps one
-    capability, CAP_DAC_READ_SEARCH (read any file, also across exec), for an interpreter that others may
-    not read."""
-    if keep_read:
-        _prctl(_PR_SET_KEEPCAPS, 1)
+    world-writable places), it reads only what every user may, and RLIMIT_NPROC, which root ignores, applies."""
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)
-    if not keep_read:
-        return
+
+
+def _no_capabilities() -> None:
+    """Drop every capability left. After setuid from root none are; but a process that made its user
+    namespace holds all of them over its mounts, and could unmount the tmpfs mounts or turn the host writable
+    again, and the program runs in this very process (no exec that would drop them)."""
 
     class _Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -284,12 +163,8 @@ def _drop_root(uid: int, gid: int, keep_read: bool) -> None:
     class _Data(ctypes.Structure):
         _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
-    data = (_Data * 2)()
-    data[0].effective = data[0].permitted = data[0].inheritable = 1 << _CAP_DAC_READ_SEARCH
-    if _libc.capset(ctypes.byref(_Header(_CAPABILITY_VERSION_3, 0)), data) != 0 or not _prctl(
-        _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, _CAP_DAC_READ_SEARCH
-    ):
-        raise OSError(ctypes.get_errno(), "keeping CAP_DAC_READ_SEARCH: " + os.strerror(ctypes.get_errno()))
+    if _libc.capset(ctypes.byref(_Header(_CAPABILITY_VERSION_3, 0)), (_Data * 2)()) != 0:
+        raise OSError(ctypes.get_errno(), "dropping capabilities: " + os.strerror(ctypes.get_errno()))
 
 
 def _limit(spec: dict, nproc: int | None) -> None:
@@ -316,7 +191,8 @@ def _program(spec: dict, status: _Status, nproc: int | None) -> None:
         os.setpgid(0, 0)
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if spec["uid"] is not None and os.getuid() == 0:
-            _drop_root(spec["uid"], spec["gid"], keep_read=spec["keep_read"])
+            _drop_root(spec["uid"], spec["gid"])
+        _no_capabilities()
         _limit(spec, nproc)
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)  # also a seccomp filter's precondition for a process without root
         if spec["seccomp"] and not _seccomp_no_network():
@@ -416,11 +292,33 @@ def _reaper(spec: dict, status: _Status, nproc: int | None) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     for signum in (signal.SIGTERM, signal.SIGALRM):
         signal.signal(signum, signal.SIG_DFL)
+    try:
+        status.send(proc=mounts.private_proc())
+    except OSError as exc:
+        status.send(setup_error=f"hiding the host's processes failed: {exc}")
+        os._exit(SETUP_FAILED)
     program = os.fork()
     if program == 0:
         _program(spec, status, nproc)
     _wait(program, status)
     os._exit(0)  # the kernel now kills whatever the program left in the namespace
+
+
+def _close_fds(keep: int) -> None:
+    """In C or U: close every descriptor but 0, 1, 2 and `keep` (the status pipe). A fork inherits them all,
+    close-on-exec or not, and the program runs without an exec: L's handle of the host's working directory
+    (`mounts.private_disk`) would let it write past the tmpfs, and reach the rest of that filesystem."""
+    try:  # the highest open one (a loop up to RLIMIT_NOFILE where the kernel lacks close_range is slow)
+        top = max(map(int, os.listdir("/proc/self/fd"))) + 1
+    except (OSError, ValueError):
+        top = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    os.closerange(3, keep)
+    os.closerange(keep + 1, top)
+
+
+def _setup_failed(status: _Status, text: str) -> None:
+    status.send(setup_error=text)
+    sys.exit(SETUP_FAILED)
 
 
 def _kill(pid: int, group: bool) -> None:
@@ -439,28 +337,35 @@ def main(argv: list[str]) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # our parent died: still kill the program
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     uid = os.getuid() if spec["uid"] is None else spec["uid"]
-    spec["keep_read"] = uid != os.getuid() and not _readable_by_all(sys.path)
     # counted before a user namespace, where every unmapped uid reads as the overflow uid (65534, "nobody")
     running = _processes_of(uid) if uid != 0 else 0
     method, pid_namespace = _isolate(spec)
     if method == "none" and spec["require_network_isolation"]:
-        status.send(setup_error="no way to cut the network off works here (tried: "
-                                f"{', '.join(spec['network']) or 'none'}) and it is required")
-        sys.exit(SETUP_FAILED)
+        _setup_failed(status, "no way to cut the network off works here (tried: "
+                              f"{', '.join(spec['network']) or 'none'}) and it is required")
     spec["seccomp"] = method == "seccomp"
-    under = _private_disk(spec, uid) if pid_namespace else None
+    try:
+        under = mounts.private_disk(spec, uid) if pid_namespace else None
+        blocked = mounts.unreachable(uid) if uid != os.getuid() else None
+    except OSError as exc:
+        _setup_failed(status, f"hiding the host's files from the program failed: {exc}")
+    if blocked is not None:  # not a capability to read every file instead: that read the host's secrets too
+        place, remedy = blocked
+        _setup_failed(status, f"the program's uid {uid} may not reach {place}"
+                              f"{'' if pid_namespace else ', and without a mount namespace it cannot be shown it'}: "
+                              f"{remedy}, or run programs as root (uid_base: null)")
     nproc = None
     if uid != 0:  # root is exempt from RLIMIT_NPROC; it counts every process of the uid (us included, and C)
         nproc = running + (1 if pid_namespace and uid == os.getuid() else 0) + spec["max_processes"]
     status.send(network=method, processes="pid_namespace" if pid_namespace else "subreaper",
                 disk="tmpfs" if under is not None else "host", read_only_host=spec.get("read_only", False),
-                uid=uid, process_limit=nproc is not None,
-                reads_all_files=spec["keep_read"])
+                uid=uid, process_limit=nproc is not None, **({} if pid_namespace else {"proc": "host"}))
     child = None
     signal.setitimer(signal.ITIMER_REAL, spec["timeout_s"])
     try:
         child = os.fork()
         if child == 0:
+            _close_fds(status.fd)
             (_reaper if pid_namespace else _program)(spec, status, nproc)
         if pid_namespace:
             os.waitpid(child, 0)
@@ -477,7 +382,7 @@ def main(argv: list[str]) -> None:
         _kill(child, group=True)  # the program's background processes in its own group
     status.send(swept=_sweep(), **_usage())  # the usage now includes a killed program and its stragglers
     if under is not None:
-        _copy_out(spec["read_back"], under, spec["file_bytes"])
+        mounts.copy_out(spec["read_back"], under, spec["file_bytes"])
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import Mapping, Optional
 STATUSES = ("ok", "error", "timeout", "memory", "crashed", "killed", "output_limit", "rejected", "sandbox_error")
 MAIN = "main.py"  # the program's file in its working directory
 # the keys of the launcher's report on how a program was confined (`SandboxResult.confinement`)
-CONFINEMENT = ("network", "processes", "disk", "read_only_host", "uid", "process_limit", "reads_all_files")
+CONFINEMENT = ("network", "processes", "disk", "read_only_host", "proc", "uid", "process_limit")
 _FAULTS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGSYS}
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
