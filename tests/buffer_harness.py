@@ -41,7 +41,9 @@ def send_group(producer: BufferProducer, group: str, size: int, agents: Sequence
         producer.send_episode(group, size, episode_id, samples, draw=draw)
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll `condition` until it holds; the deadline only bounds a test that would otherwise hang (a wait that
+    succeeds returns at once), so it is generous: a slow machine must not fail a correct test."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:

@@ -346,12 +346,17 @@ def test_stale_groups_are_dropped_at_delivery_and_their_budget_returned(make_buf
 
 
 def test_unclaimed_leases_expire(make_buffer, clients) -> None:
+    """On the buffer's own clock, moved by the test: a slow machine can neither expire the leases early nor
+    make the wait for their expiry run out."""
+    now = [0.0]
     buf = make_buffer(agent_models={"solver": "m1"}, groups_per_step={"m1": 3}, max_staleness=0,
-                      lease_timeout_s=0.2)
+                      lease_timeout_s=10.0, clock=lambda: now[0])
     producer = clients.producer(buf)
     clients.consumer(buf).report_version("m1", 0)
     assert producer.request_admission(3) == [0, 1, 2]
-    wait_until(lambda: producer.stats().expired_lease_groups == 3)
+    assert producer.stats().expired_lease_groups == 0 and producer.stats().running_groups == 3
+    now[0] = 10.5
+    wait_until(lambda: producer.stats().expired_lease_groups == 3, timeout_s=60)
     assert producer.stats().running_groups == 0
     assert producer.request_admission(3) == [0, 1, 2]  # never started: the same draws again
     assert producer.stats().draws["redrawn"] == 3
