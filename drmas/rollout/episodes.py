@@ -317,10 +317,13 @@ class EpisodeRunner:
                 params = self._sampling(item)
                 self._requests[key].submit(item.request_id, prompt, params)
             except Exception as exc:
-                self._advance(item, None, still_waiting, on_result, error=exc)
+                refused = exc
+            else:
+                item.submitted, item.prompt_ids, item.params = item.request_id, prompt, params
+                self._running[item.submitted] = item
                 continue
-            item.submitted, item.prompt_ids, item.params = item.request_id, prompt, params
-            self._running[item.submitted] = item
+            # outside the handler: what the episode raises next is its own error, not one "during" this one
+            self._advance(item, None, still_waiting, on_result, error=refused)
         self._waiting = still_waiting
 
     def _step_engines(self, on_result: Callable[[EpisodeResult], None]) -> None:

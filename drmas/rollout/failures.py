@@ -8,6 +8,9 @@ does not flood the log), counts it, and tells a bug that fails every episode fro
 `limit` failures in a row with no episode ending well it raises `EpisodeFailures`, naming the plugin and the
 exception, instead of letting the process spin without producing anything. A `drmas.core.errors.Fatal`
 (e.g. an agent program past its restart bound) is not one episode's failure: it goes through.
+
+One traceback per distinct error, and only that error's: a tool's batch that raised is retried one request at a
+time outside its exception handler, so a request's own error does not carry the batch's as its context.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ def call_isolated(tool: str, call_batch: Callable[[list], Sequence], requests: l
     except Exception as exc:
         if len(requests) == 1:
             return [ToolFailed("call_batch", exc)]
+        results = None
+    if results is None:  # retried outside the handler: a request's own error is logged alone, not "during" the batch's
         return [result for request in requests for result in call_isolated(tool, call_batch, [request])]
     if len(results) != len(requests):
         error = RuntimeError(f"tool {tool!r} returned {len(results)} results for {len(requests)} requests")
