@@ -42,8 +42,6 @@ caller's callbacks and from the engines are not plugin failures: they end the st
 
 from __future__ import annotations
 
-import dataclasses
-import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
@@ -54,6 +52,7 @@ from drmas.engines.base import Engine, Generation, SamplingParams, request_level
 from drmas.mas.base import PENDING, AgentTurn, EpisodeOutcome, Orchestra, Reply, ToolCall
 from drmas.rollout.failures import EpisodeFailure, FailureBook, ToolFailed, call_isolated
 from drmas.rollout.samples import Call, episode_samples
+from drmas.rollout.turn_sampling import turn_sampling
 from drmas.tasks.base import Problem
 
 
@@ -397,15 +396,8 @@ class EpisodeRunner:
                 wait(requests)
 
     def _sampling(self, item: _Live) -> SamplingParams:
-        """The agent's sampling, under the turn's own (`AgentTurn.sampling`), seeded per call with `seed`."""
-        params = self._specs(item)[item.turn.agent].sampling
-        own = dict(item.turn.sampling or {})
-        if own:
-            params = _overridden(params, own)
-        if self.seed is None or own.get("seed") is not None:
-            return params
-        key = f"{self.seed}:{item.request.episode_id}:{len(item.calls)}".encode()
-        return dataclasses.replace(params, seed=zlib.crc32(key))
+        return turn_sampling(self._specs(item)[item.turn.agent].sampling, item.turn.sampling,  # type: ignore[union-attr]
+                             self.seed, f"{item.request.episode_id}:{len(item.calls)}")
 
     @staticmethod
     def _encode(engine: Engine, turn: AgentTurn) -> list[int]:
@@ -471,20 +463,3 @@ class EpisodeRunner:
             raise TypeError(f"scripted agent {turn.agent!r} returned {type(text).__name__}, not the reply text")
         item.calls.append(Call(turn.agent, "", [], None))
         return text
-
-
-_OVERRIDABLE = ("temperature", "top_p", "max_new_tokens", "stop", "seed")
-
-
-def _overridden(params: SamplingParams, own: Mapping[str, object]) -> SamplingParams:
-    """`params` under a turn's own sampling: temperature, top_p and seed replace, stop strings add, and
-    max_new_tokens is capped by the agent's (the config bounds every response)."""
-    unknown = sorted(set(own) - set(_OVERRIDABLE))
-    if unknown:
-        raise ValueError(f"AgentTurn.sampling: unknown keys {unknown} (known: {', '.join(_OVERRIDABLE)})")
-    changes = {key: own[key] for key in ("temperature", "top_p", "seed") if own.get(key) is not None}
-    if own.get("max_new_tokens") is not None:
-        changes["max_new_tokens"] = min(int(own["max_new_tokens"]), params.max_new_tokens)  # type: ignore[arg-type]
-    if own.get("stop"):
-        changes["stop"] = tuple(dict.fromkeys([*params.stop, *own["stop"]]))  # type: ignore[misc]
-    return dataclasses.replace(params, **changes)
