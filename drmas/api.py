@@ -35,7 +35,9 @@ format penalty is subtracted per invalid turn. Registering a name that is taken 
 
 Failures: an exception from an orchestra, a scripted role or a tool costs only its episode (dropped, logged,
 counted; `rollout.max_consecutive_episode_failures` in a row stop the process); raise `Fatal` where the
-process cannot go on.
+process cannot go on. So does an episode past its bounds (`rollout.max_episode_turns`, `max_episode_tool_calls`,
+`episode_timeout_s`) or plugin code that blocks past `rollout.plugin_call_timeout_s`: plugin code runs in a
+thread of the driver's (an orchestra with `driver_thread = True` runs in the driver's own, unbounded).
 """
 
 from __future__ import annotations

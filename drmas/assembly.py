@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import drmas.mas.external  # noqa: F401  (registers the built-in orchestras and role agents)
 import drmas.mas.math  # noqa: F401
@@ -43,7 +43,8 @@ from drmas.models import checkpoint
 from drmas.models.loading import resolve_model_path
 from drmas.plugins import import_plugins
 from drmas.retrieval.factory import RETRIEVERS, build_retriever
-from drmas.rollout.episodes import AgentSpec
+from drmas.rollout.bounds import EpisodeBounds
+from drmas.rollout.episodes import AgentSpec, EpisodeRunner
 from drmas.runtime import process
 from drmas.tasks import TASKS
 from drmas.tasks import build_task as _build_task
@@ -226,6 +227,15 @@ def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str,
         specs[name] = AgentSpec(model=a.model, sampling=dataclasses.replace(sampling, adapter=adapter or ""),
                                 engine=base)
     return specs
+
+
+def episode_runner(cfg: DrmasConfig, orchestra: Orchestra, engines: Mapping[str, Engine],
+                   agents: Mapping[str, AgentSpec], on_round: Callable[[], None] | None = None) -> EpisodeRunner:
+    """The episode runner of a driver (colocated loop, rollout, evaluation) with the run's settings: format
+    penalty, seed, failure and episode bounds (`rollout.*`)."""
+    return EpisodeRunner(orchestra, engines, agents, cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed,
+                         on_round=on_round, max_consecutive_failures=cfg.rollout.max_consecutive_episode_failures,
+                         bounds=EpisodeBounds.from_config(cfg.rollout))
 
 
 def build_engine(cfg: DrmasConfig, model_id: str, path: Path, seed: int,

@@ -37,7 +37,7 @@ from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars
 from drmas.models import checkpoint
 from drmas.models.devices import resolve_device
-from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
+from drmas.rollout.episodes import EpisodeRequest
 from drmas.runtime.metrics import PROMPTS_FILE, MetricsWriter, StepRecords, agent_line, spike_summary
 from drmas.runtime.process import StopFlag, progress_bars_on
 from drmas.runtime.run_dir import check_output_dir, claim_output_dir
@@ -63,16 +63,12 @@ class ColocatedRun:
         self.stats = AgentRewardStats(window=cfg.algorithm.running_stats_window)
         self.engines, self.trainers, self.tokenizers = {}, {}, {}
         self._build_models()
-        seed = cfg.trainer.seed
         self.stop: StopFlag | None = None  # set while `run` runs: the signals' flag
-        failures = cfg.rollout.max_consecutive_episode_failures
-        self.runner = EpisodeRunner(self.orchestra, self.engines, assembly.agent_specs(cfg),
-                                    cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds,
-                                    max_consecutive_failures=failures)
-        self.eval_runner = EpisodeRunner(self.orchestra, self.engines,
-                                         assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
-                                         cfg.algorithm.invalid_penalty, seed=seed, on_round=self._between_rounds,
-                                         max_consecutive_failures=failures)
+        self.runner = assembly.episode_runner(cfg, self.orchestra, self.engines, assembly.agent_specs(cfg),
+                                              on_round=self._between_rounds)
+        self.eval_runner = assembly.episode_runner(cfg, self.orchestra, self.engines,
+                                                   assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
+                                                   on_round=self._between_rounds)
         # eval.interval: its questions are read (and a bad benchmark file refused) before the directory is claimed
         self.interval_benchmarks = load_benchmarks(cfg, self.task) if cfg.eval.interval else {}
         self.interval_agents = eval_agent_specs(cfg)
@@ -256,7 +252,7 @@ class ColocatedRun:
         scalars = agent_scalars(samples, adv)
         scalars.update(reward_stats_scalars(self.stats))
         scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results]))
-        scalars["rollout/episodes_failed"] = float(self.runner.failed)  # a plugin raised: see EpisodeRunner
+        scalars.update(self.runner.failure_scalars())  # a plugin raised or ran past a bound: see EpisodeRunner
         scalars["rollout/groups_dropped"] = float(len(dropped))
         committed = False  # once a model has taken its optimizer step, the step is finished, not abandoned
         for model_id, trainer in self.trainers.items():

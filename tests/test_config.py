@@ -55,6 +55,11 @@ def test_wrong_type_names_key():
         ("agents.solver.model=nope", "agents.solver.model"),
         ("rollout.group_size=0", "rollout.group_size"),
         ("rollout.max_consecutive_episode_failures=0", "rollout.max_consecutive_episode_failures: must be >= 1"),
+        ("rollout.max_episode_turns=0", "rollout.max_episode_turns: must be >= 1"),
+        ("rollout.max_episode_tool_calls=0", "rollout.max_episode_tool_calls: must be >= 1"),
+        ("rollout.episode_timeout_s=0", "rollout.episode_timeout_s: must be > 0"),
+        ("rollout.plugin_call_timeout_s=-1", "rollout.plugin_call_timeout_s: must be >= 0"),
+        ("rollout.max_stuck_plugin_calls=0", "rollout.max_stuck_plugin_calls: must be >= 1"),
         ("algorithm.dual_clip=0.5", "algorithm.dual_clip"),
         ("system.name=chess", "system.name"),
         ("models.policy.builtin=gpt5", "models.policy.builtin"),
@@ -69,6 +74,16 @@ def test_impossible_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         load_config(SMOKE, [override])
     assert key in str(err.value)
+
+
+def test_the_episode_bound_must_exceed_the_gateways_own():
+    """The external system's gateway drops an episode its program did not end (system.episode_timeout_s) and says
+    why; the general bound (rollout.episode_timeout_s) must not bite first."""
+    config = ROOT / "examples" / "openai_agents" / "config.yaml"
+    load_config(config, ["system.episode_timeout_s=600", "rollout.episode_timeout_s=601"])
+    with pytest.raises(ConfigError, match=r"rollout.episode_timeout_s: 3600 s must exceed system.episode_timeout_s "
+                                          r"\(7200 s\)"):
+        load_config(config, ["system.episode_timeout_s=7200"])
 
 
 def test_missing_config_file_is_named(tmp_path):

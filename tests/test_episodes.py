@@ -3,6 +3,7 @@ batched, how `stream` admits and hands over episodes, and where the `on_round` h
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 
@@ -323,3 +324,21 @@ def test_a_fatal_error_from_a_tool_is_no_episodes_failure_and_ends_the_run():
 
     with pytest.raises(Fatal, match="gone for good"):
         _tool_runner(ScriptedEngine(), LookUpTwice(Gone())).run(_requests(2))
+
+
+def test_a_tool_failing_on_one_request_logs_one_traceback_for_it(caplog):
+    """Issue 33, defect 6: the tool's batch raises, then each request goes alone; the traceback of the request's
+    failure is logged alone, not after the batch's ("During handling of the above exception...")."""
+
+    class FailsOnP1(RecordingTool):
+        def call_batch(self, requests):
+            if "p1-0" in requests:
+                raise ConnectionError("lost p1-0")
+            return super().call_batch(requests)
+
+    with caplog.at_level(logging.WARNING, logger="drmas.rollout.failures"):
+        results = _tool_runner(ScriptedEngine(), LookUpTwice(FailsOnP1(), lookups=1)).run(_requests(3))
+    assert [r.failure is None for r in results] == [True, False, True]
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("episode dropped")]
+    text = logging.Formatter().format(record)
+    assert text.count("Traceback (most recent call last)") == 1 and "During handling" not in text

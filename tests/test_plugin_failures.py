@@ -98,19 +98,24 @@ class FlakyOrchestra(ToyOrchestra):
 @pytest.fixture(scope="module")
 def flaky_config(tmp_path_factory) -> Path:
     """toy.yaml with the flaky system; one plugin file per test process (a module name is imported once)."""
-    where = tmp_path_factory.mktemp("flaky")
-    (where / "flaky_mas.py").write_text(FLAKY)
-    config = where / "flaky.yaml"
-    config.write_text(TOY.read_text().replace("plugins: [./toy_mas.py]", f"plugins: [{TOY_PLUGIN}, ./flaky_mas.py]")
-                      .replace("referee: {role: referee}", "referee: {role: flaky_referee}"))
+    return toy_with(tmp_path_factory.mktemp("flaky"), "flaky", FLAKY)
+
+
+def toy_with(where: Path, name: str, source: str) -> Path:
+    """toy.yaml loading, beside the toy system, the plugin `source` (as `<name>_mas.py` in `where`), whose role
+    `<name>_referee` plays the referee."""
+    (where / f"{name}_mas.py").write_text(source)
+    config = where / f"{name}.yaml"
+    config.write_text(TOY.read_text().replace("plugins: [./toy_mas.py]", f"plugins: [{TOY_PLUGIN}, ./{name}_mas.py]")
+                      .replace("referee: {role: referee}", f"referee: {{role: {name}_referee}}"))
     return config
 
 
-def _config(config: Path, tmp_path: Path, *overrides: str):
-    """The flaky run; `overrides` may name `{q0}`... `{q3}`: the questions of the run's first four draws
-    (step 1's groups at prompts_per_step=4)."""
+def _config(config: Path, tmp_path: Path, *overrides: str, system: str = "flaky"):
+    """The flaky run (or `system`'s); `overrides` may name `{q0}`... `{q3}`: the questions of the run's first four
+    draws (step 1's groups at prompts_per_step=4)."""
     base = [f"trainer.output_dir={tmp_path / 'run'}", "logging.tensorboard=false", "eval.n_problems=0",
-            "system.name=flaky", "trainer.steps=1", "rollout.prompts_per_step=4", "rollout.max_new_tokens=8"]
+            f"system.name={system}", "trainer.steps=1", "rollout.prompts_per_step=4", "rollout.max_new_tokens=8"]
     cfg = assembly.load_config(config, base)
     order = assembly.drawing_order(cfg, assembly.build_task(cfg))
     questions = {f"q{i}": order.at(i).question for i in range(4)}

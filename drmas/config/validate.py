@@ -186,9 +186,19 @@ def _check_algorithm(cfg: DrmasConfig, errors: list[str]) -> None:
 def _check_rollout_and_trainer(cfg: DrmasConfig, errors: list[str]) -> None:
     r, t = cfg.rollout, cfg.trainer
     for key in ("group_size", "prompts_per_step", "max_new_tokens", "max_batch_size",
-                "max_consecutive_episode_failures"):
+                "max_consecutive_episode_failures", "max_episode_turns", "max_episode_tool_calls",
+                "max_stuck_plugin_calls"):
         if getattr(r, key) < 1:
             errors.append(f"rollout.{key}: must be >= 1, got {getattr(r, key)}")
+    if not r.episode_timeout_s > 0:
+        errors.append(f"rollout.episode_timeout_s: must be > 0 (seconds), got {r.episode_timeout_s}")
+    if not r.plugin_call_timeout_s >= 0:
+        errors.append(f"rollout.plugin_call_timeout_s: must be >= 0 (seconds; 0: plugin code in the driver's "
+                      f"thread, unbounded), got {r.plugin_call_timeout_s}")
+    own = getattr(cfg.system, "episode_timeout_s", None)  # a system's own bound (the gateway's) must bite first
+    if isinstance(own, (int, float)) and own >= r.episode_timeout_s:
+        errors.append(f"rollout.episode_timeout_s: {r.episode_timeout_s:g} s must exceed system.episode_timeout_s "
+                      f"({own:g} s), the system's own bound, which reports why its episode did not end")
     if r.temperature < 0:
         errors.append("rollout.temperature: must be >= 0")
     if not 0 < r.top_p <= 1:

@@ -90,8 +90,7 @@ def _runner(cfg: DrmasConfig, task: Task, model_dirs: Optional[dict[str, Path]],
     """An episode runner on engines of every model the agents use, `model_dirs` replacing the configured weights
     of those models or adapters (None: every model as configured); the engines are closed and their memory given back after."""
     engines = assembly.build_engines(cfg, cfg.trainer.seed, model_dirs)
-    runner = EpisodeRunner(assembly.build_orchestra(cfg, task), engines, agents, cfg.algorithm.invalid_penalty,
-                           seed=cfg.trainer.seed)
+    runner = assembly.episode_runner(cfg, assembly.build_orchestra(cfg, task), engines, agents)
     try:
         yield runner
     finally:

@@ -83,8 +83,7 @@ def prepare(cfg: DrmasConfig, checkpoint: Optional[Path], version: Optional[int]
     benchmarks = load_benchmarks(cfg, task)
     orchestra = assembly.build_orchestra(cfg, task)
     engines = assembly.build_engines(cfg, cfg.trainer.seed, model_dirs)
-    runner = EpisodeRunner(orchestra, engines, eval_agent_specs(cfg), cfg.algorithm.invalid_penalty,
-                           seed=cfg.trainer.seed)
+    runner = assembly.episode_runner(cfg, orchestra, engines, eval_agent_specs(cfg))
     settings = resume.sample_settings(cfg, checkpoint, model_dirs, sources)
     step = evaluated_step(checkpoint, sources)
     out = outputs.evaluation_dir(Path(cfg.trainer.output_dir), checkpoint, step, settings)

@@ -133,7 +133,11 @@ EpisodeGenerator = Generator[Union[AgentTurn, ToolCall], Any, EpisodeOutcome]
 
 class Orchestra(Protocol):
     """Turn logic of one multi-agent system; `agents` lists the agent names it needs, `tools` the tools
-    its episodes call by name (empty for a system without any)."""
+    its episodes call by name (empty for a system without any).
+
+    The driver runs its code (episode steps, scripted roles, tools) in a thread of its own, bounded in time
+    (`drmas.rollout.bounds`); an orchestra whose code must run in the driver's own thread sets an attribute
+    `driver_thread = True` (the external system: the program it starts is bound to the thread that starts it)."""
 
     agents: tuple[str, ...]
     tools: Mapping[str, Tool]

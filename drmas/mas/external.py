@@ -61,6 +61,9 @@ class _Inbound:
 @ORCHESTRAS.register("external", settings=ExternalSettings)
 class ExternalOrchestra:
     serves_agents = True  # built with `agents` (every configured agent -> its model) and `in_flight`
+    # its code runs in the driver's own thread, not the runner's plugin thread: the program it starts is bound to
+    # the thread that starts it (see AgentProgram); it never blocks (the gateway bounds its episodes itself)
+    driver_thread = True
 
     def __init__(self, settings: ExternalSettings, agents_by_role: Mapping[str, str], task: Task,
                  agents: Mapping[str, str], in_flight: int) -> None:

@@ -38,12 +38,18 @@ plugin raised what), logged once and counted (`failed`); the other episodes go o
 is retried one request at a time, so only the episodes whose own request raises are dropped.
 `max_consecutive_failures` in a row raise `EpisodeFailures` (`drmas.rollout.failures`). Exceptions from the
 caller's callbacks and from the engines are not plugin failures: they end the stream as before.
+
+Every episode is bounded (`drmas.rollout.bounds`: turns, tool calls, wall time) and ends the same way past a
+bound. Plugin code runs in a thread of the runner's (`drmas.rollout.plugin_thread`; `drmas.rollout.stepping`
+steps an episode there), so a call that blocks is abandoned at its deadline, its episodes dropped, and the
+others go on; an orchestra with `driver_thread = True` (code bound to the driver's thread) runs inline.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import zlib
+import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
@@ -52,9 +58,15 @@ from drmas.core.sample import Sample
 from drmas.core.tool_calls import prompt_ids
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
 from drmas.mas.base import PENDING, AgentTurn, EpisodeOutcome, Orchestra, Reply, ToolCall
-from drmas.rollout.failures import EpisodeFailure, FailureBook, ToolFailed, call_isolated
+from drmas.rollout.bounds import DEFAULT_BOUNDS, REASONS, SLOW_CALL_S, EpisodeBounds
+from drmas.rollout.failures import EpisodeFailure, EpisodeFailures, FailureBook, ToolFailed, call_isolated
+from drmas.rollout.plugin_thread import PluginThread, Stuck
 from drmas.rollout.samples import Call, episode_samples
+from drmas.rollout.stepping import Ended, LiveEpisode, Stepper, at, generator_stack
+from drmas.rollout.turn_sampling import turn_sampling
 from drmas.tasks.base import Problem
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -99,21 +111,6 @@ class EpisodeResult:
         return cls(failure.request, EpisodeOutcome(reward=0.0, turns=[], dropped=failure.describe()), failure=failure)
 
 
-@dataclass
-class _Live:
-    request: EpisodeRequest
-    episode: object  # the orchestra's generator
-    turn: AgentTurn | ToolCall  # what the episode waits for
-    calls: list[Call] = field(default_factory=list)
-    submitted: str = ""  # the engine request id of `turn` while it runs
-    prompt_ids: list[int] = field(default_factory=list)  # of `turn`, once submitted
-    params: Optional[SamplingParams] = None  # of `turn`, once submitted
-
-    @property
-    def request_id(self) -> str:
-        return f"{self.request.episode_id}/{len(self.calls)}"
-
-
 class EpisodeRunner:
     """Runs episodes of one orchestra against a set of engines (one per model id)."""
 
@@ -127,6 +124,7 @@ class EpisodeRunner:
         on_round: Optional[Callable[[], None]] = None,
         barrier: bool = False,
         max_consecutive_failures: int = 32,
+        bounds: EpisodeBounds = DEFAULT_BOUNDS,
     ) -> None:
         """With `seed`, every call is sampled from its own stream derived from (seed, episode id, turn):
         the same episode samples the same tokens whatever else shares its batch, and a resumed run
@@ -135,7 +133,8 @@ class EpisodeRunner:
         `on_round`, if given, is called before every engine step (never during one): the place to load new
         weights, under the rule in the module docstring. `barrier` makes every step wait for all submitted
         turns before any episode goes on (rounds). `max_consecutive_failures`: episodes failing in a row, none
-        ending well, after which the runner raises `EpisodeFailures` (`rollout.max_consecutive_episode_failures`)."""
+        ending well, after which the runner raises `EpisodeFailures` (`rollout.max_consecutive_episode_failures`).
+        `bounds`: how long an episode may run (`drmas.rollout.bounds`, `rollout.max_episode_turns` and the rest)."""
         missing = [a for a in orchestra.agents if a not in agents]
         if missing:
             raise ValueError(f"the orchestra needs agents {missing} that are not configured")
@@ -151,14 +150,20 @@ class EpisodeRunner:
         self.on_round = on_round
         self.barrier = barrier
         self.failures = FailureBook(max_consecutive_failures)
+        if getattr(orchestra, "driver_thread", False):  # its code is bound to the driver's thread: run it there
+            bounds = dataclasses.replace(bounds, call_timeout_s=0.0)
+        self.bounds = bounds
+        self._plugins = PluginThread(slow_after_s=SLOW_CALL_S)
+        self._stepper = Stepper(orchestra, self._orchestra_name, agents, self.tools)
+        self._next_deadline = float("inf")  # the earliest deadline of a live episode (or later)
         self._requests = {key: request_level(engine) for key, engine in engines.items()}
         self._engine_of = {spec.model: spec.engine_key for spec in agents.values() if spec.script is None}
         # models that share their engine with other models: their own requests are counted apart
         keys = list(self._engine_of.values())
         self._shared = {model for model, key in self._engine_of.items() if keys.count(key) > 1}
         self._held: set[str] = set()
-        self._waiting: list[_Live] = []  # episodes whose turn is not submitted yet (or that wait on a tool)
-        self._running: dict[str, _Live] = {}  # engine request id -> episode
+        self._waiting: list[LiveEpisode] = []  # episodes whose turn is not submitted yet (or that wait on a tool)
+        self._running: dict[str, LiveEpisode] = {}  # engine request id -> episode
 
     def run(self, requests: Sequence[EpisodeRequest]) -> list[EpisodeResult]:
         """Run every episode to its end; results come back in request order."""
@@ -205,8 +210,9 @@ class EpisodeRunner:
                         self._start(req, finished)
                 if not self.live:
                     continue
+                self._expire(finished)
                 if not self._running:  # engines idle: let outside answers gather before the next step
-                    self._wait_outside()
+                    self._wait_outside(finished)
                 before = ended
                 self._waiting = self._call_tools(self._waiting, finished)
                 if more and ended > before and not self._running:
@@ -223,12 +229,9 @@ class EpisodeRunner:
             self._running = {}
 
     def _start(self, req: EpisodeRequest, on_result: Callable[[EpisodeResult], None]) -> None:
-        try:
-            episode = self.orchestra.run(req.problem)
-        except Exception as exc:
-            self._drop(EpisodeFailure(req, "orchestra", self._orchestra_name, "start", exc), on_result)
-            return
-        self._advance(_Live(req, episode, turn=None), None, self._waiting, on_result)  # type: ignore[arg-type]
+        item = LiveEpisode(req, self.bounds.start(time.monotonic()))
+        self._next_deadline = min(self._next_deadline, item.budget.deadline)
+        self._advance(item, None, self._waiting, on_result)
 
     @property
     def _orchestra_name(self) -> str:
@@ -239,7 +242,7 @@ class EpisodeRunner:
         self.failures.dropped(failure)
         on_result(EpisodeResult.failed(failure))
 
-    def _finished(self, item: _Live, outcome: object, on_result: Callable[[EpisodeResult], None]) -> None:
+    def _finished(self, item: LiveEpisode, outcome: object, on_result: Callable[[EpisodeResult], None]) -> None:
         try:
             if not isinstance(outcome, EpisodeOutcome):
                 raise TypeError(f"the episode returned {type(outcome).__name__}, not an EpisodeOutcome")
@@ -254,8 +257,14 @@ class EpisodeRunner:
 
     @property
     def failed(self) -> int:
-        """Episodes dropped because a plugin failed, over the runner's life."""
+        """Episodes dropped because a plugin failed (or ran past a bound), over the runner's life."""
         return self.failures.failed
+
+    def failure_scalars(self) -> dict[str, float]:
+        """The metrics of dropped episodes, over the runner's life (see docs/pipeline.md)."""
+        return {"rollout/episodes_failed": float(self.failures.failed),
+                **{f"rollout/episodes_over_bound/{r}": float(self.failures.over_bound[r]) for r in REASONS},
+                "rollout/stuck_plugin_calls": float(self._plugins.stuck)}
 
     @property
     def live(self) -> int:
@@ -290,19 +299,16 @@ class EpisodeRunner:
 
     # ---- the loop ------------------------------------------------------------------------------------
 
-    def _model_of(self, item: _Live) -> str:
+    def _model_of(self, item: LiveEpisode) -> str:
         return self.agents[item.turn.agent].model
 
-    def _engine_key(self, item: _Live) -> str:
+    def _engine_key(self, item: LiveEpisode) -> str:
         return self.agents[item.turn.agent].engine_key
-
-    def _specs(self, item: _Live) -> Mapping[str, AgentSpec]:
-        return item.request.agents or self.agents
 
     def _submit_waiting(self, on_result: Callable[[EpisodeResult], None]) -> None:
         """Submit every waiting agent turn whose engine is not held; a turn the engine refuses (or whose
         messages cannot be encoded) is thrown into its episode."""
-        still_waiting: list[_Live] = []
+        still_waiting: list[LiveEpisode] = []
         for item in self._waiting:
             if isinstance(item.turn, ToolCall):  # waits on a tool answer that is not there yet
                 still_waiting.append(item)
@@ -317,15 +323,18 @@ class EpisodeRunner:
                 params = self._sampling(item)
                 self._requests[key].submit(item.request_id, prompt, params)
             except Exception as exc:
-                self._advance(item, None, still_waiting, on_result, error=exc)
+                refused = exc
+            else:
+                item.submitted, item.prompt_ids, item.params = item.request_id, prompt, params
+                self._running[item.submitted] = item
                 continue
-            item.submitted, item.prompt_ids, item.params = item.request_id, prompt, params
-            self._running[item.submitted] = item
+            # outside the handler: what the episode raises next is its own error, not one "during" this one
+            self._advance(item, None, still_waiting, on_result, error=refused)
         self._waiting = still_waiting
 
     def _step_engines(self, on_result: Callable[[EpisodeResult], None]) -> None:
         """Step every engine with requests; episodes whose turn came back go on (all at once with `barrier`)."""
-        finished: list[tuple[_Live, str, Generation]] = []
+        finished: list[tuple[LiveEpisode, str, Generation]] = []
         while True:
             for key, engine in self._requests.items():
                 if not any(self._engine_key(item) == key for item in self._running.values()):
@@ -345,14 +354,14 @@ class EpisodeRunner:
                               generation.finish_reason, generation.version)
             self._advance(item, reply, self._waiting, on_result)
 
-    def _call_tools(self, live: list[_Live], on_result: Callable[[EpisodeResult], None]) -> list[_Live]:
+    def _call_tools(self, live: list[LiveEpisode], on_result: Callable[[EpisodeResult], None]) -> list[LiveEpisode]:
         """Answer every pending tool call, one batched call per tool, until each live episode waits on an
         agent turn (an episode may call tools several times in a row) or on an answer not there yet (PENDING:
         asked again next round); returns the episodes still live."""
-        pending: list[_Live] = []
+        pending: list[LiveEpisode] = []
         while True:
-            by_tool: dict[str, list[_Live]] = defaultdict(list)
-            ready: list[_Live] = []
+            by_tool: dict[str, list[LiveEpisode]] = defaultdict(list)
+            ready: list[LiveEpisode] = []
             for item in live:
                 if isinstance(item.turn, ToolCall):
                     by_tool[item.turn.tool].append(item)
@@ -368,10 +377,14 @@ class EpisodeRunner:
                         self._advance(item, result, ready, on_result)
             live = ready
 
-    def _tool_results(self, tool: str, items: list[_Live], on_result: Callable[[EpisodeResult], None]
-                      ) -> list[tuple[_Live, object]]:
-        """One batched call of `tool` for `items`; the episodes whose request it fails on are dropped."""
-        results = call_isolated(tool, self.tools[tool].call_batch, [item.turn.request for item in items])
+    def _tool_results(self, tool: str, items: list[LiveEpisode], on_result: Callable[[EpisodeResult], None]
+                      ) -> list[tuple[LiveEpisode, object]]:
+        """One batched call of `tool` for `items`; the episodes whose request it fails on are dropped (all of them
+        when it does not return in time)."""
+        results = self._in_plugin_thread(items, ("tool", tool, "call_batch"), on_result, call_isolated, tool,
+                                         self.tools[tool].call_batch, [item.turn.request for item in items])
+        if results is _STUCK:
+            return []
         answered = []
         for item, result in zip(items, results):
             if isinstance(result, ToolFailed):
@@ -381,107 +394,110 @@ class EpisodeRunner:
                 answered.append((item, result))
         return answered
 
-    def _wait_outside(self) -> None:
+    def _wait_outside(self, on_result: Callable[[EpisodeResult], None]) -> None:
         """Sleep in the `wait_for_answers` of each tool whose answers come from outside (see the module
         docstring); returns at once when no episode waits on one."""
-        by_tool: dict[str, list[object]] = defaultdict(list)
+        by_tool: dict[str, list[LiveEpisode]] = defaultdict(list)
         for item in self._waiting:
             if isinstance(item.turn, ToolCall):
-                by_tool[item.turn.tool].append(item.turn.request)
-        for tool, requests in by_tool.items():
+                by_tool[item.turn.tool].append(item)
+        for tool, items in by_tool.items():
             wait = getattr(self.tools[tool], "wait_for_answers", None)
-            if wait is not None:
-                wait(requests)
+            if wait is not None and self._in_plugin_thread(items, ("tool", tool, "wait_for_answers"), on_result, wait,
+                                                           [item.turn.request for item in items]) is _STUCK:
+                gone = set(map(id, items))
+                self._waiting = [item for item in self._waiting if id(item) not in gone]
 
-    def _sampling(self, item: _Live) -> SamplingParams:
-        """The agent's sampling, under the turn's own (`AgentTurn.sampling`), seeded per call with `seed`."""
-        params = self._specs(item)[item.turn.agent].sampling
-        own = dict(item.turn.sampling or {})
-        if own:
-            params = _overridden(params, own)
-        if self.seed is None or own.get("seed") is not None:
-            return params
-        key = f"{self.seed}:{item.request.episode_id}:{len(item.calls)}".encode()
-        return dataclasses.replace(params, seed=zlib.crc32(key))
+    def _sampling(self, item: LiveEpisode) -> SamplingParams:
+        spec = (item.request.agents or self.agents)[item.turn.agent]  # type: ignore[union-attr]
+        return turn_sampling(spec.sampling, item.turn.sampling, self.seed,  # type: ignore[union-attr]
+                             f"{item.request.episode_id}:{len(item.calls)}")
 
     @staticmethod
     def _encode(engine: Engine, turn: AgentTurn) -> list[int]:
         return prompt_ids(engine.tokenizer, turn.messages, turn.tools)
 
     def _advance(
-        self, item: _Live, response: object, live: list[_Live], on_result: Callable[[EpisodeResult], None],
+        self, item: LiveEpisode, response: object, live: list[LiveEpisode], on_result: Callable[[EpisodeResult], None],
         error: Optional[Exception] = None,
     ) -> None:
         """Send the response or tool result (None to start; or throw `error`, a turn the engine refused) and
-        either queue what the episode asks for next or finish the episode. Scripted agents' turns are answered
-        here, as they come."""
-        while True:
-            try:
-                if error is not None:
-                    item.turn, error = item.episode.throw(error), None  # type: ignore[attr-defined]
-                else:
-                    item.turn = item.episode.send(response)  # type: ignore[attr-defined]
-                self._check_turn(item.turn)
-            except StopIteration as stop:
-                self._finished(item, stop.value, on_result)
-                return
-            except Exception as exc:
-                at = f"agent {item.turn.agent!r}" if isinstance(item.turn, AgentTurn) else (
-                    f"tool {item.turn.tool!r}" if isinstance(item.turn, ToolCall) else "")
-                self._close(item)
-                self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, at, exc), on_result)
-                return
-            if isinstance(item.turn, AgentTurn) and self._specs(item)[item.turn.agent].script is not None:
-                try:
-                    response = self._scripted(item)
-                except Exception as exc:
-                    self._close(item)
-                    self._drop(EpisodeFailure(item.request, "scripted agent", item.turn.agent, "", exc), on_result)
-                    return
-                continue
-            live.append(item)
+        either queue what the episode asks an engine or a tool for next or end it (`Stepper.advance`, in the
+        plugin thread: scripted agents' turns are answered there, as they come)."""
+        if time.monotonic() >= item.budget.deadline:
+            self._end_late(item, on_result)
             return
+        step = self._in_plugin_thread([item], ("orchestra", self._orchestra_name, item.turn), on_result,
+                                      self._stepper.advance, item, response, error)
+        if step is None:
+            live.append(item)
+        elif isinstance(step, Ended):
+            self._finished(item, step.value, on_result)
+        elif step is not _STUCK:
+            self._close(item)
+            self._drop(EpisodeFailure(item.request, step.kind, step.name, step.at, step.error), on_result)
 
-    def _check_turn(self, turn: object) -> None:
-        if isinstance(turn, ToolCall):
-            if turn.tool not in self.tools:
-                raise ValueError(f"orchestra called tool {turn.tool!r} which it does not provide "
-                                 f"(its tools: {sorted(self.tools) or 'none'})")
-        elif not isinstance(turn, AgentTurn):
-            raise TypeError(f"orchestra yielded {type(turn).__name__}, not an AgentTurn or a ToolCall")
-        elif turn.agent not in self.agents:
-            raise ValueError(f"orchestra asked for agent {turn.agent!r} which is not configured")
+    # ---- bounds (drmas.rollout.bounds) --------------------------------------------------------------------
 
-    @staticmethod
-    def _close(item: _Live) -> None:
-        """Close a dropped episode's generator (its `finally` blocks run); an error there changes nothing."""
+    def _in_plugin_thread(self, items: list[LiveEpisode], plugin: tuple[str, str, object],
+                          on_result: Callable[[EpisodeResult], None], fn: Callable, *args: object) -> object:
+        """`fn(*args)` in the plugin thread, on behalf of `items`, in `plugin`'s code (kind, name, where; a step
+        says where it goes on). If it is not back by its deadline, they are dropped and the result is `_STUCK`."""
+        for item in items:
+            item.plugin = plugin
         try:
-            item.episode.close()  # type: ignore[attr-defined]
+            return self._plugins.call(fn, *args, deadline=self.bounds.call_deadline(
+                time.monotonic(), [item.budget for item in items]))
+        except Stuck as stuck:
+            now = time.monotonic()
+            for item in items:  # a stuck tool leaves generators that can be closed; a stuck step does not
+                kind, name, where = item.plugin
+                if fn != self._stepper.advance:
+                    self._close(item)
+                self._drop(EpisodeFailure(item.request, kind, name, at(where),
+                                          self.bounds.stuck(now, item.budget, stuck.stack)), on_result)
+            self._check_stuck(f"{kind} {name!r}")
+            return _STUCK
+
+    def _check_stuck(self, last: str) -> None:
+        problem = self.bounds.too_many_stuck(self._plugins.stuck)
+        if problem:
+            raise EpisodeFailures(f"{problem}; the last: {last}")
+
+    def _expire(self, on_result: Callable[[EpisodeResult], None]) -> None:
+        """Drop the live episodes past their deadline: waiting ones, and running ones (their requests aborted)."""
+        now = time.monotonic()
+        if now < self._next_deadline:
+            return
+        for item in [item for item in (*self._waiting, *self._running.values()) if now >= item.budget.deadline]:
+            if item.submitted:
+                del self._running[item.submitted]
+                self._requests[self._engine_key(item)].abort([item.submitted])
+            else:
+                self._waiting.remove(item)
+            self._end_late(item, on_result)
+        live = (*self._waiting, *self._running.values())
+        self._next_deadline = min((item.budget.deadline for item in live), default=float("inf"))
+
+    def _end_late(self, item: LiveEpisode, on_result: Callable[[EpisodeResult], None]) -> None:
+        over = self.bounds.expired(generator_stack(item.episode))
+        self._close(item)
+        self._drop(EpisodeFailure(item.request, "orchestra", self._orchestra_name, at(item.turn), over), on_result)
+
+    def _close(self, item: LiveEpisode) -> None:
+        """Close a dropped episode's generator (its `finally` blocks run) in the plugin thread; an error there
+        changes nothing, and a close that blocks is abandoned like any stuck call."""
+        if item.episode is None:
+            return
+        try:
+            self._plugins.call(item.episode.close, deadline=self.bounds.call_deadline(time.monotonic(), ()))  # type: ignore[attr-defined]
+        except Stuck as stuck:
+            log.warning("episode %s: its generator did not close within rollout.plugin_call_timeout_s=%g s and was "
+                        "abandoned at:\n%s", item.request.episode_id, self.bounds.call_timeout_s,
+                        "".join(stuck.stack.format()).rstrip())
+            self._check_stuck(f"closing episode {item.request.episode_id}")
         except Exception:
             pass
 
-    def _scripted(self, item: _Live) -> str:
-        """The reply of a scripted agent to the turn `item` waits for, recorded as a call without a sample."""
-        turn: AgentTurn = item.turn  # type: ignore[assignment]
-        text = self._specs(item)[turn.agent].script(turn)  # type: ignore[misc]
-        if not isinstance(text, str):
-            raise TypeError(f"scripted agent {turn.agent!r} returned {type(text).__name__}, not the reply text")
-        item.calls.append(Call(turn.agent, "", [], None))
-        return text
 
-
-_OVERRIDABLE = ("temperature", "top_p", "max_new_tokens", "stop", "seed")
-
-
-def _overridden(params: SamplingParams, own: Mapping[str, object]) -> SamplingParams:
-    """`params` under a turn's own sampling: temperature, top_p and seed replace, stop strings add, and
-    max_new_tokens is capped by the agent's (the config bounds every response)."""
-    unknown = sorted(set(own) - set(_OVERRIDABLE))
-    if unknown:
-        raise ValueError(f"AgentTurn.sampling: unknown keys {unknown} (known: {', '.join(_OVERRIDABLE)})")
-    changes = {key: own[key] for key in ("temperature", "top_p", "seed") if own.get(key) is not None}
-    if own.get("max_new_tokens") is not None:
-        changes["max_new_tokens"] = min(int(own["max_new_tokens"]), params.max_new_tokens)  # type: ignore[arg-type]
-    if own.get("stop"):
-        changes["stop"] = tuple(dict.fromkeys([*params.stop, *own["stop"]]))  # type: ignore[misc]
-    return dataclasses.replace(params, **changes)
+_STUCK = object()  # what a plugin call that was abandoned returns (`EpisodeRunner._in_plugin_thread`)

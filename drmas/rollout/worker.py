@@ -21,10 +21,10 @@ One `EpisodeRunner.stream` runs for the life of the process. Before every engine
 A finished episode goes to the buffer at once with the samples of trained agents only (nothing else would
 ever leave the buffer) and the rewards of the other calls (frozen agents), which still count in the episode's
 trajectory score and its group's pooled rewards, as they do in the colocated loop. An episode that was dropped
-(an external program never reported it) abandons its group: the buffer drops what arrived of it and returns its
-admission slot and its draw (drawn again) at once, and its other episodes are not sent. While the buffer withholds
-credit the loop keeps taking weight pushes (aborting running requests if it must), so a full buffer never
-stalls a learner's push.
+(an external program never reported it, a plugin raised, it ran past its bounds) abandons its group: the buffer
+drops what arrived of it and returns its admission slot and its draw (drawn again) at once, and its other episodes
+are not sent. While the buffer withholds credit the loop keeps taking weight pushes (aborting running requests if
+it must), so a full buffer never stalls a learner's push.
 
 With `eval.interval`, rollout 0 also evaluates the newest weights beside its training groups
 (`drmas.rollout.evaluations`): the evaluation's episodes share the stream and the engines, take weight pushes
@@ -49,7 +49,7 @@ import torch
 from drmas import assembly
 from drmas.buffer import BufferProducer
 from drmas.config.schema import DrmasConfig
-from drmas.rollout.episodes import EpisodeRequest, EpisodeResult, EpisodeRunner
+from drmas.rollout.episodes import EpisodeRequest, EpisodeResult
 from drmas.rollout.evaluations import StreamEvaluations
 from drmas.runtime.endpoints import learner_endpoint
 from drmas.runtime.metrics import MetricsWriter
@@ -124,9 +124,8 @@ class RolloutWorker:
         # not inherit (and keep alive with its heartbeats) what its dead predecessor held
         self.producer = BufferProducer.from_config(cfg.pipeline.buffer, f"{self.name}-{self.incarnation}")
         self.orchestra = assembly.build_orchestra(cfg, task)
-        self.runner = EpisodeRunner(self.orchestra, self.engines, assembly.agent_specs(cfg),
-                                    cfg.algorithm.invalid_penalty, seed=cfg.trainer.seed, on_round=self._between_rounds,
-                                    max_consecutive_failures=cfg.rollout.max_consecutive_episode_failures)
+        self.runner = assembly.episode_runner(cfg, self.orchestra, self.engines, assembly.agent_specs(cfg),
+                                              on_round=self._between_rounds)
         self.group_size = cfg.rollout.group_size
         self.target_groups = groups_in_flight(cfg, len(self.engines))
         self.samples_made = 0  # every sample generated, evaluation episodes' included
@@ -354,7 +353,7 @@ class RolloutWorker:
             "rollout/buffer_restarts": float(self.producer.buffer_restarts),
             "rollout/lost_episodes": float(self.producer.lost_episodes),
             "rollout/dropped_episodes": float(self.dropped_episodes),
-            "rollout/episodes_failed": float(self.runner.failed),
+            **self.runner.failure_scalars(),  # rollout/episodes_failed, rollout/episodes_over_bound/<reason>, ...
             "rollout/samples_made": float(self.samples_made),
             **(self.orchestra.metrics() if hasattr(self.orchestra, "metrics") else {}),
         }
