@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from drmas import assembly
-from drmas.rollout.episodes import EpisodeRequest, EpisodeResult, EpisodeRunner
+from drmas.episodes import EpisodeRequest, EpisodeResult, EpisodeRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -46,6 +46,7 @@ from drmas.core.sample import Sample  # noqa: E402
 from drmas.engines.base import AdapterSlot, SamplingParams  # noqa: E402
 from drmas.learner.heap import map_large_blocks  # noqa: E402
 from drmas.learner.policy import PolicyTrainer  # noqa: E402
+from drmas.learner.trainers import adapter_trainers  # noqa: E402
 from drmas.models.loading import load_model  # noqa: E402
 from drmas.weights import WeightReceiver, WeightSender  # noqa: E402
 
@@ -161,7 +162,7 @@ def hold(kind: str, rank: int) -> None:
     path = assembly.model_path(cfg, "base")
     if kind == "adapters":
         engine = assembly.build_engines(cfg, 0)["base"]
-        trainers, _ = assembly.adapter_trainers(cfg, [f"base/{a}" for a in AGENTS], CPU)
+        trainers, _ = adapter_trainers(cfg, [f"base/{a}" for a in AGENTS], CPU)
         samples = samples_of(engine, "solver", 4)
     else:
         engines = [assembly.ENGINES.get("embedded")(f"m{i}", path) for i in range(3)]
@@ -184,7 +185,7 @@ def update_peak(checkpointing: bool, rank: int) -> None:
     cfg = config(rank, 1, f"models.base.activation_checkpointing={str(checkpointing).lower()}",
                  "algorithm.micro_batch_size=8")
     map_large_blocks(cfg.models["base"].heap_mmap_threshold_kb)  # as a learner process does
-    (trainer,), _ = assembly.adapter_trainers(cfg, ["base/solver"], CPU)
+    (trainer,), _ = adapter_trainers(cfg, ["base/solver"], CPU)
     rng = np.random.default_rng(0)
     samples = [Sample(episode_id=f"e{i}", group_id="g", agent="solver", model="m", turn=0,
                       prompt_ids=rng.integers(100, 40000, 200).tolist(), response_ids=rng.integers(100, 40000, 80).tolist(),
@@ -234,7 +235,7 @@ def main() -> None:
     cfg = config(args.rank, 1)
     path = assembly.model_path(cfg, "base")
     print("building trainers and an engine", file=sys.stderr, flush=True)
-    (adapter,), _ = assembly.adapter_trainers(cfg, ["base/solver"], CPU)
+    (adapter,), _ = adapter_trainers(cfg, ["base/solver"], CPU)
     full = full_trainer(path)
     engine = assembly.build_engines(cfg, 0)["base"]
     samples = samples_of(engine, "solver")

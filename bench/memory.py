@@ -152,7 +152,7 @@ def record_samples(config: str, updates: int, out: Path) -> None:
 
     from drmas import assembly
     from drmas.core.sample import encode_sample
-    from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
+    from drmas.episodes import EpisodeRequest, EpisodeRunner
     from drmas.tasks.sampler import ProblemSampler
 
     cfg = assembly.load_config(CODE / config)
@@ -214,7 +214,7 @@ def measure_learner(config: str, samples_file: Path, out_dir: Path, overrides: l
         from drmas.learner.ranks.group import BatchFanout
         from drmas.learner.ranks.single import SingleRank
         from drmas.learner.running_stats import AgentRewardStats
-        from drmas.learner.worker import trained_policy
+        from drmas.learner.trainers import trained_policy
         from drmas.weights import WeightSender
     cfg = assembly.load_config(CODE / config, overrides)
     (model_id,) = assembly.trained_models(cfg)

@@ -1,7 +1,7 @@
 """What running plugin code in the plugin thread costs on the episode runner's per-step path.
 
 The episode runner hands every plugin call (an episode's step, a scripted reply, a tool batch) to a thread of its
-own, so one that blocks can be abandoned (`drmas.rollout.plugin_thread`, `rollout.plugin_call_timeout_s`). This
+own, so one that blocks can be abandoned (`drmas.episodes.plugin_thread`, `rollout.plugin_call_timeout_s`). This
 times the runner itself, with no model: episodes of a trivial orchestra (one agent turn after another) on an engine
 that answers at once, so the driver's own work is all there is and the handoff is as large a share as it can be.
 The same episodes run with plugin calls inline (`plugin_call_timeout_s=0`) and in the thread (the default), in
@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drmas.engines.base import Generation, SamplingParams  # noqa: E402
 from drmas.mas.base import AgentTurn, EpisodeOutcome, TurnResult  # noqa: E402
-from drmas.rollout.bounds import DEFAULT_BOUNDS  # noqa: E402
-from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner  # noqa: E402
-from drmas.rollout.plugin_thread import PluginThread  # noqa: E402
+from drmas.episodes.bounds import DEFAULT_BOUNDS  # noqa: E402
+from drmas.episodes import AgentSpec, EpisodeRequest, EpisodeRunner  # noqa: E402
+from drmas.episodes.plugin_thread import PluginThread  # noqa: E402
 from drmas.tasks.base import Problem  # noqa: E402
 
 

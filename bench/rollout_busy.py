@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from drmas import assembly  # noqa: E402
 from drmas.engines.base import request_level  # noqa: E402
 from drmas.engines.embedded import EmbeddedEngine  # noqa: E402
-from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner  # noqa: E402
+from drmas.episodes import EpisodeRequest, EpisodeRunner  # noqa: E402
 from drmas.rollout.worker import groups_in_flight  # noqa: E402
 from drmas.tasks.sampler import ProblemSampler  # noqa: E402
 

@@ -20,7 +20,7 @@ from collections import Counter
 from drmas import assembly
 from drmas.buffer import BufferConfig, BufferProducer, TrajectoryBuffer
 from drmas.config.load import load_config
-from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
+from drmas.episodes import EpisodeRequest, EpisodeRunner
 from drmas.tasks import grading
 from drmas.tasks.sampler import ProblemSampler
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drmas import assembly  # noqa: E402
 from drmas.config import load_config  # noqa: E402
-from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner  # noqa: E402
+from drmas.episodes import EpisodeRequest, EpisodeRunner  # noqa: E402
 from drmas.tasks.sampler import ProblemSampler  # noqa: E402
 
 

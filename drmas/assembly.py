@@ -16,7 +16,7 @@ import importlib.util
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-import drmas.mas.external  # noqa: F401  (registers the built-in orchestras and role agents)
+import drmas.gateway.orchestra  # noqa: F401  (registers the built-in orchestras and role agents)
 import drmas.mas.math  # noqa: F401
 import drmas.mas.revise  # noqa: F401
 import drmas.mas.search  # noqa: F401
@@ -43,8 +43,8 @@ from drmas.models import checkpoint
 from drmas.models.loading import resolve_model_path
 from drmas.plugins import import_plugins
 from drmas.retrieval.factory import RETRIEVERS, build_retriever
-from drmas.rollout.bounds import EpisodeBounds
-from drmas.rollout.episodes import AgentSpec, EpisodeRunner
+from drmas.episodes.bounds import EpisodeBounds
+from drmas.episodes import AgentSpec, EpisodeRunner
 from drmas.runtime import process
 from drmas.tasks import TASKS
 from drmas.tasks import build_task as _build_task
@@ -292,29 +292,6 @@ def adapter_specs(cfg: DrmasConfig, model_id: str, dirs: Mapping[str, Path] | No
         named = {split_model(a.model)[1] for a in cfg.agents.values() if split_model(a.model)[0] == model_id}
         names = [a for a in mcfg.adapters if a in named]
     return [AdapterSpec.of(a, mcfg.adapters[a], torch_dtype(mcfg.dtype), (dirs or {}).get(a)) for a in names]
-
-
-def adapter_trainers(cfg: DrmasConfig, ids: Sequence[str], device, ranks=None):
-    """`(trainers, tokenizer)`: a `PolicyTrainer` per adapter model id (all adapters of one model), over one
-    shared copy of the base, frozen in the compute dtype on `device` (a learner process: one adapter; the
-    colocated loop: every trained adapter of the model)."""
-    from drmas.learner.policy import PolicyTrainer
-    from drmas.models.adapters import attach_adapters
-    from drmas.models.loading import compute_dtype, load_model, torch_dtype
-
-    (base,) = {split_model(m)[0] for m in ids}  # one base model
-    mcfg = cfg.models[base]
-    dtype = compute_dtype(mcfg, device)
-    model, tokenizer = load_model(model_path(cfg, base), dtype=dtype, device=device, key=f"models.{base}")
-    names = [split_model(m)[1] for m in ids]
-    model = attach_adapters(model, adapter_specs(cfg, base, names=names), trainable=True, seed=cfg.trainer.seed,
-                            where=f"models.{base}.adapters")
-    trainers = [PolicyTrainer(m, model, optim_config(cfg, m), cfg.algorithm,
-                              {a: cfg.agents[a].loss_weight for a in trained_agents(cfg, m)}, ranks=ranks,
-                              compute_dtype=torch_dtype(dtype), adapter=name, export_merged=mcfg.export_merged,
-                              activation_checkpointing=mcfg.activation_checkpointing)
-                for m, name in zip(ids, names)]
-    return trainers, tokenizer
 
 
 def model_path(cfg: DrmasConfig, model_id: str) -> Path:

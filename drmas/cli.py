@@ -76,7 +76,7 @@ def _run(cfg) -> int:
 
         return launch(cfg)
     from drmas.colocated import ColocatedRun
-    from drmas.rollout.failures import EpisodeFailures
+    from drmas.episodes.failures import EpisodeFailures
     from drmas.runtime.report import print_summary
 
     try:

@@ -34,10 +34,11 @@ from drmas.evaluation.sampling import eval_agent_specs, load_benchmarks
 from drmas.learner.advantage import step_advantages
 from drmas.learner.policy import PolicyTrainer, UpdateStopped
 from drmas.learner.running_stats import AgentRewardStats
+from drmas.learner.trainers import adapter_trainers
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars
 from drmas.models import checkpoint
 from drmas.models.devices import resolve_device
-from drmas.rollout.episodes import EpisodeRequest
+from drmas.episodes import EpisodeRequest
 from drmas.runtime.metrics import PROMPTS_FILE, MetricsWriter, StepRecords, agent_line, spike_summary
 from drmas.runtime.process import StopFlag, progress_bars_on
 from drmas.runtime.run_dir import check_output_dir, claim_output_dir
@@ -92,7 +93,7 @@ class ColocatedRun:
                 continue
             device = resolve_device(mcfg.device, f"models.{base}.device")
             if mcfg.adapters:  # one frozen base, a trainer per adapter; the engine starts on their weights
-                trainers, tokenizer = assembly.adapter_trainers(cfg, ids, device)
+                trainers, tokenizer = adapter_trainers(cfg, ids, device)
                 for trainer in trainers:
                     self.trainers[trainer.model_id], self.tokenizers[trainer.model_id] = trainer, tokenizer
                     assembly.weight_target(self.engines, trainer.model_id).load_weights(trainer.named_tensors(), 0)

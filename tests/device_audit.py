@@ -220,7 +220,7 @@ def evaluation_on_device(model_dir: Path) -> None:
     from drmas import assembly
     from drmas.config.load import load_config
     from drmas.evaluation import heldout_accuracy
-    from drmas.rollout.episodes import EpisodeRunner
+    from drmas.episodes import EpisodeRunner
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml", [f"models.policy.path={model_dir}"])
     task = assembly.build_task(cfg)

@@ -102,7 +102,7 @@ def test_engine_logprobs_match_learner_on_same_weights(tmp_path):
     """Behaviour log-probs (engine, incremental KV cache) vs the learner's padded recomputation."""
     run = ColocatedRun(_cfg(tmp_path, "trainer.steps=1", "eval.n_problems=0"), log=lambda *_: None)
     run.run()  # after one update the engine serves the new weights
-    from drmas.rollout.episodes import EpisodeRequest
+    from drmas.episodes import EpisodeRequest
 
     problems = run.sampler.next(3)
     results = run.runner.run([EpisodeRequest(f"x{i}", f"x{i}", p) for i, p in enumerate(problems)])

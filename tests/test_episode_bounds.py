@@ -14,10 +14,10 @@ from test_episodes import LookUpTwice, RecordingTool, ScriptedEngine, TwoTurns, 
 from drmas.engines.base import SamplingParams
 from drmas.evaluation import heldout_accuracy
 from drmas.mas.base import AgentTurn, ToolCall
-from drmas.rollout.bounds import DEFAULT_BOUNDS, EpisodeBounds
-from drmas.rollout.episodes import AgentSpec, EpisodeRunner
-from drmas.rollout.failures import EpisodeFailures
-from drmas.rollout.plugin_thread import PluginThread, Stuck
+from drmas.episodes.bounds import DEFAULT_BOUNDS, EpisodeBounds
+from drmas.episodes import AgentSpec, EpisodeRunner
+from drmas.episodes.failures import EpisodeFailures
+from drmas.episodes.plugin_thread import PluginThread, Stuck
 from drmas.tasks.base import Problem
 
 LONG = 30.0  # how long a blocked call blocks when the test does not release it
@@ -66,7 +66,7 @@ def _bounds(**changes) -> EpisodeBounds:
 ])
 def test_an_episode_that_never_ends_is_dropped_at_its_turn_bound(how, reason, message, caplog):
     runner = _runner(Misbehaves(how), _bounds())
-    with caplog.at_level(logging.WARNING, logger="drmas.rollout.failures"):
+    with caplog.at_level(logging.WARNING, logger="drmas.episodes.failures"):
         results = runner.run(_requests(3))
     assert [r.failure is None for r in results] == [True, False, True]
     assert message in results[1].outcome.dropped and results[1].samples == []
@@ -120,7 +120,7 @@ def test_plugin_code_that_blocks_costs_its_episodes_and_the_others_go_on(who, ex
         orchestra = _WithReferee()
     runner = _runner(orchestra, _bounds(call_timeout_s=0.5), script=referee)
     try:
-        with caplog.at_level(logging.WARNING, logger="drmas.rollout.failures"):
+        with caplog.at_level(logging.WARNING, logger="drmas.episodes.failures"):
             start = time.monotonic()
             results = runner.run(_requests(3))
         assert time.monotonic() - start < 10
@@ -237,7 +237,7 @@ def test_a_slow_plugin_call_is_logged_with_its_stack_while_it_is_waited_for(capl
         time.sleep(0.3)
 
     plugins = PluginThread(slow_after_s=0.1)
-    with caplog.at_level(logging.WARNING, logger="drmas.rollout.plugin_thread"):
+    with caplog.at_level(logging.WARNING, logger="drmas.episodes.plugin_thread"):
         for _ in range(2):
             assert plugins.call(nap, deadline=time.monotonic() + 5) is None
     first, second = [r.getMessage() for r in caplog.records]

@@ -11,7 +11,7 @@ import pytest
 
 from drmas.engines.base import Generation, SamplingParams
 from drmas.mas.base import AgentTurn, EpisodeOutcome, ToolCall, TurnResult
-from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
+from drmas.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 from drmas.tasks.base import Problem
 
 
@@ -308,7 +308,7 @@ def test_failures_between_successes_are_dropped_and_counted_and_never_stop_the_r
 
 
 def test_failures_in_a_row_stop_the_runner_naming_the_plugin():
-    from drmas.rollout.failures import EpisodeFailures
+    from drmas.episodes.failures import EpisodeFailures
 
     with pytest.raises(EpisodeFailures, match="2 episodes in a row failed .* orchestra 'FailsOn' at agent 'a' "
                                               "failed in episode e1: ZeroDivisionError: bad p1"):
@@ -336,7 +336,7 @@ def test_a_tool_failing_on_one_request_logs_one_traceback_for_it(caplog):
                 raise ConnectionError("lost p1-0")
             return super().call_batch(requests)
 
-    with caplog.at_level(logging.WARNING, logger="drmas.rollout.failures"):
+    with caplog.at_level(logging.WARNING, logger="drmas.episodes.failures"):
         results = _tool_runner(ScriptedEngine(), LookUpTwice(FailsOnP1(), lookups=1)).run(_requests(3))
     assert [r.failure is None for r in results] == [True, False, True]
     (record,) = [r for r in caplog.records if r.getMessage().startswith("episode dropped")]

@@ -35,7 +35,7 @@ from drmas.gateway.program import AgentProgram, ProgramFailed
 from drmas.mas.base import Reply
 from drmas.core.tool_calls import parse_hermes
 from drmas.runtime.metrics import read_metrics
-from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
+from drmas.episodes import EpisodeRequest, EpisodeRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "openai_agents"

@@ -24,7 +24,7 @@ from drmas.learner.advantage import compute_advantages, step_advantages
 from drmas.learner.batch import GroupCollector, group_advantages
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.mas.base import AgentTurn, EpisodeOutcome, TurnResult
-from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
+from drmas.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 from drmas.runtime.process import StopFlag
 from drmas.tasks.base import Problem
 

@@ -17,6 +17,7 @@ from cli_run import run_cli
 from drmas import assembly
 from drmas.config import ConfigError, load_config
 from drmas.core.sample import Sample
+from drmas.learner.trainers import adapter_trainers
 from drmas.engines.base import AdapterSlot, SamplingParams
 from drmas.models import adapters
 from drmas.models.checkpoint import load_trainer, save_checkpoint
@@ -56,7 +57,7 @@ def lora(tiny_model_dir):
     """(config, engine serving both adapters, [solver trainer, verifier trainer] over one shared base)."""
     cfg = _cfg(tiny_model_dir)
     engines = assembly.build_engines(cfg, seed=0)
-    trainers, _ = assembly.adapter_trainers(cfg, IDS, CPU)
+    trainers, _ = adapter_trainers(cfg, IDS, CPU)
     return cfg, engines["base"], trainers
 
 
@@ -86,12 +87,12 @@ def test_merged_export_without_adapters_and_unknown_target_modules_are_refused(t
         load_config(SMOKE, ["models.policy.export_merged=true"])
     cfg = _cfg(tiny_model_dir, "models.base.adapters.solver.target_modules=[nope_proj]")
     with pytest.raises(ValueError, match=r"models\.base\.adapters\.solver\.target_modules"):
-        assembly.adapter_trainers(cfg, IDS, CPU)
+        adapter_trainers(cfg, IDS, CPU)
 
 
 def test_activation_checkpointing_false_keeps_the_bases_activations(tiny_model_dir):
     cfg = _cfg(tiny_model_dir, "models.base.activation_checkpointing=false")
-    trainers, _ = assembly.adapter_trainers(cfg, IDS[:1], CPU)
+    trainers, _ = adapter_trainers(cfg, IDS[:1], CPU)
     assert not trainers[0].model.is_gradient_checkpointing
 
 
@@ -202,7 +203,7 @@ def test_adapter_checkpoint_is_peft_format_resumes_and_serves(lora, tiny_model_d
     torch.testing.assert_close(merged, ours, atol=1e-5, rtol=1e-5)
 
     # resume: fresh trainers load the adapter and its optimizer state
-    (fresh, _), _ = assembly.adapter_trainers(cfg, IDS, CPU)
+    (fresh, _), _ = adapter_trainers(cfg, IDS, CPU)
     load_trainer(ckpt, "base/solver", fresh)
     for (name, a), (_, b) in zip(solver.named_tensors(), fresh.named_tensors()):
         assert torch.equal(a, b), name

@@ -16,7 +16,7 @@ import pytest
 
 from drmas import assembly
 from drmas.colocated import ColocatedRun
-from drmas.rollout.failures import EpisodeFailures
+from drmas.episodes.failures import EpisodeFailures
 from drmas.runtime.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,7 +136,7 @@ def test_plugins_failing_on_one_question_each_drop_its_group_and_the_step_trains
     cfg, q = _config(flaky_config, tmp_path, "system.orchestra_fails_on={q0}", "system.tool_fails_on={q1}",
                      "system.referee_fails_on={q2}")
     sys.modules["flaky_mas"].TOOL_BATCHES.clear()
-    with caplog.at_level(logging.WARNING, logger="drmas.rollout.failures"):
+    with caplog.at_level(logging.WARNING, logger="drmas.episodes.failures"):
         (record,) = _train(cfg)
     assert record["rollout/groups_dropped"] == 3 and record["rollout/episodes_failed"] == 12
     # the step trained on the one whole group: 4 episodes, each one checker call

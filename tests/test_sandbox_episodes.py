@@ -11,7 +11,7 @@ import pytest
 from drmas.config.sandbox import SandboxConfig
 from drmas.engines.base import Generation, SamplingParams
 from drmas.mas.base import AgentTurn, EpisodeOutcome, ToolCall, TurnResult
-from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
+from drmas.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 from drmas.tasks.base import Problem
 from drmas.tools import SandboxTool
 

@@ -383,7 +383,7 @@ def test_assembly_builds_the_search_system_over_the_task_corpus(tmp_path: Path) 
 def test_episode_group_on_a_tiny_random_model_runs_all_three_agents(tiny_model, retriever) -> None:
     from drmas.engines.base import SamplingParams
     from drmas.engines.embedded import EmbeddedEngine
-    from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
+    from drmas.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 
     model, tokenizer = tiny_model
     engine = EmbeddedEngine("tiny", model, tokenizer, max_batch_size=8, seed=0)
@@ -440,7 +440,7 @@ class _RoleScriptedEngine:
 
 def test_runner_batches_the_searches_of_all_episodes_into_one_retriever_call(tiny_model, retriever) -> None:
     from drmas.engines.base import SamplingParams
-    from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
+    from drmas.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 
     counting = _CountingRetriever(retriever)
     specs = {name: AgentSpec("m", SamplingParams(max_new_tokens=n)) for name, n in zip(ROLES.values(), (11, 12, 13))}

@@ -107,7 +107,7 @@ def test_an_orchestra_asking_for_turns_forever_is_dropped_at_its_bound_and_the_r
     cfg, q = _config(stuck_config, tmp_path, "system.loops_on={q0}", f"system.loop_with={loop_with}",
                      "trainer.steps=3", "rollout.prompts_per_step=2", *[bound] * bool(bound), system="stuck")
     reason = "tool_calls" if loop_with == "calc" else "turns"
-    with caplog.at_level(logging.WARNING, logger="drmas.rollout.failures"):
+    with caplog.at_level(logging.WARNING, logger="drmas.episodes.failures"):
         records = _train(cfg)
     assert [r["step"] for r in records] == [1, 2, 3]
     assert records[0]["rollout/groups_dropped"] == 1 and records[0][f"rollout/episodes_over_bound/{reason}"] == 4
@@ -131,7 +131,7 @@ def test_plugin_code_blocking_in_time_sleep_costs_its_episodes_and_the_run_train
     cfg, q = _config(stuck_config, tmp_path, "system.blocks_on={q0}", f"system.blocker={blocker}",
                      "system.sleep_s=4", "rollout.plugin_call_timeout_s=0.5", "rollout.max_stuck_plugin_calls=8",
                      "trainer.steps=2", "rollout.prompts_per_step=2", system="stuck")
-    with caplog.at_level(logging.WARNING, logger="drmas.rollout.failures"):
+    with caplog.at_level(logging.WARNING, logger="drmas.episodes.failures"):
         records = _train(cfg)
     assert [r["step"] for r in records] == [1, 2]
     stuck = records[-1]["rollout/episodes_over_bound/stuck"]

@@ -17,7 +17,7 @@ from drmas.config import ConfigError
 from drmas.engines.embedded import EmbeddedEngine
 from drmas.mas.base import AgentTurn
 from drmas.core.tool_calls import TOOL_PARSERS, ParsedCall, knows_tools, parse_hermes, prompt_ids
-from drmas.rollout.episodes import EpisodeRunner
+from drmas.episodes import EpisodeRunner
 
 TOOL = {"type": "function", "function": {"name": "add", "description": "Add two integers.",
                                          "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}

@@ -185,7 +185,7 @@ def smoke_engine():
 def _math_runner(engine, barrier: bool, on_round=None):
     from drmas import assembly
     from drmas.config import load_config
-    from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
+    from drmas.episodes import EpisodeRequest, EpisodeRunner
 
     cfg = load_config(SMOKE, ["rollout.max_new_tokens=48"])
     task = assembly.build_task(cfg)

@@ -236,7 +236,7 @@ class RolloutConfig:
         "ending well, after which the process stops with that error instead of spinning (one failing episode is "
         "only dropped, logged and counted in rollout/episodes_failed).",
     )
-    # the bounds of every episode (drmas/rollout/bounds.py); an episode past one is dropped like a failing plugin's
+    # the bounds of every episode (drmas/episodes/bounds.py); an episode past one is dropped like a failing plugin's
     max_episode_turns: int = _f(
         1024, "Agent turns (LLM or scripted: the entries of EpisodeOutcome.turns) one episode may ask for; the "
         "next one ends it as dropped (rollout/episodes_over_bound/turns), like a failing plugin's episode, so an "

@@ -2,7 +2,7 @@
 external).
 
 Each is the `settings` its orchestra registers with (`drmas.mas.math`, `drmas.mas.revise`, `drmas.mas.search`,
-`drmas.mas.external`);
+`drmas.gateway.orchestra`);
 they live here, with the other sections, so any process reads a built-in config without importing the
 systems (see `drmas.config.sections`). The choices below are defined once: the checks and the orchestras
 both use them.

@@ -25,7 +25,7 @@ from drmas.evaluation.heldout import heldout_accuracy
 from drmas.evaluation.interval import RunningEvaluation, evaluate_now
 from drmas.evaluation.sampling import eval_agent_specs, load_benchmarks
 from drmas.models import checkpoint
-from drmas.rollout.episodes import AgentSpec, EpisodeRunner
+from drmas.episodes import AgentSpec, EpisodeRunner
 from drmas.tasks.base import Task
 
 

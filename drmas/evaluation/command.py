@@ -33,7 +33,7 @@ from drmas.evaluation.sampling import (
     validate_eval_config,
 )
 from drmas.models import checkpoint as run_checkpoint
-from drmas.rollout.episodes import EpisodeRunner
+from drmas.episodes import EpisodeRunner
 from drmas.tasks.base import Problem
 
 # Episodes alive at once per runner.run call, in units of the engine batch: a few batches keep the

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from drmas.rollout.episodes import EpisodeRequest, EpisodeRunner
+from drmas.episodes import EpisodeRequest, EpisodeRunner
 from drmas.tasks.base import Problem
 
 

@@ -32,7 +32,7 @@ from drmas.config.schema import DrmasConfig
 from drmas.evaluation.behaviour import behaviour_stats
 from drmas.evaluation.passk import score_table
 from drmas.evaluation.sampling import question_requests
-from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeResult, EpisodeRunner
+from drmas.episodes import AgentSpec, EpisodeRequest, EpisodeResult, EpisodeRunner
 from drmas.tasks.base import Problem
 
 

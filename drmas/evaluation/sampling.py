@@ -15,7 +15,7 @@ from drmas import assembly
 from drmas.config.schema import DrmasConfig, EvalConfig
 from drmas.core.errors import naming_key
 from drmas.mas.base import EpisodeOutcome
-from drmas.rollout.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
+from drmas.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 from drmas.tasks.base import Problem, Task
 
 

@@ -58,7 +58,7 @@ def follow_rank_0(cfg, model_id: str) -> int:
     """Ranks 1..N-1 of a model's learner: same model and trainer as rank 0, batches from it (see
     `drmas.learner.ranks.group`); they stop when rank 0 does (a signal is rank 0's to handle)."""
     from drmas.learner.ranks.group import BatchFanout, follow, learner_ranks
-    from drmas.learner.worker import trained_policy
+    from drmas.learner.trainers import trained_policy
 
     mcfg = model_config(cfg, model_id)
     try:

@@ -50,11 +50,11 @@ from drmas.config.schema import DrmasConfig
 from drmas.core.draws import DrawSet
 from drmas.core.lineage import Lineage
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
-from drmas.learner.heap import map_large_blocks
 from drmas.learner.policy import PolicyTrainer, UpdateStopped
 from drmas.learner.ranks.group import BatchFanout, failure_reports, learner_ranks
 from drmas.learner.running_stats import AgentRewardStats
 from drmas.learner.sample_limits import SampleLimits
+from drmas.learner.trainers import trained_policy
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars, staleness_scalars
 from drmas.models import checkpoint
 from drmas.runtime.endpoints import learner_address
@@ -78,25 +78,6 @@ def precision(trainer: PolicyTrainer) -> str:
         adapter = str(trainer.params[0].dtype).removeprefix("torch.")
         return f"{adapter} adapter {trainer.adapter!r} over a frozen {weights} base"
     return f"{weights} weights" if compute == weights else f"{weights} weights, {compute} autocast"
-
-
-def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device):
-    """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one). An
-    adapter's: its base frozen in the compute dtype, with this one adapter (`assembly.adapter_trainers`). First
-    sets this process's heap up for training (`drmas.learner.heap`)."""
-    from drmas.models.loading import compute_dtype, load_model, torch_dtype
-
-    base, adapter = assembly.split_model(model_id)
-    map_large_blocks(cfg.models[base].heap_mmap_threshold_kb)
-    if adapter is not None:
-        (trainer,), tokenizer = assembly.adapter_trainers(cfg, [model_id], device)
-        return trainer, tokenizer
-    mcfg = cfg.models[model_id]
-    model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype, device=device)
-    weights = {a: cfg.agents[a].loss_weight for a in assembly.trained_agents(cfg, model_id)}
-    return PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks,
-                         compute_dtype=torch_dtype(compute_dtype(mcfg, device)),
-                         activation_checkpointing=mcfg.activation_checkpointing), tokenizer
 
 
 class UpdateFailed(RuntimeError):

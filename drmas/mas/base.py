@@ -136,7 +136,7 @@ class Orchestra(Protocol):
     its episodes call by name (empty for a system without any).
 
     The driver runs its code (episode steps, scripted roles, tools) in a thread of its own, bounded in time
-    (`drmas.rollout.bounds`); an orchestra whose code must run in the driver's own thread sets an attribute
+    (`drmas.episodes.bounds`); an orchestra whose code must run in the driver's own thread sets an attribute
     `driver_thread = True` (the external system: the program it starts is bound to the thread that starts it)."""
 
     agents: tuple[str, ...]

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag()
     watch_launcher(stop)
     from drmas import assembly
-    from drmas.rollout.failures import EpisodeFailures
+    from drmas.episodes.failures import EpisodeFailures
     from drmas.rollout.worker import RolloutWorker
     from drmas.runtime.endpoints import EndpointError, require_fixed
 

@@ -19,7 +19,7 @@ engine steps the way in-process turns do. A turn may carry its own sampling (`Ag
 request's max_tokens and stop strings) and ask for a detailed `Reply`; a turn the engine refuses (too long, a
 chat template error) is thrown into its episode.
 
-The result is one `Sample` per agent call of a model, rewards filled in (`drmas.rollout.samples`). `run`
+The result is one `Sample` per agent call of a model, rewards filled in (`drmas.episodes.samples`). `run`
 drives a fixed set of episodes to their end (training steps, evaluation). `stream` keeps a rollout process busy instead: before every step it asks
 for new episodes, so finished ones are replaced at once, and hands each episode over the moment it ends.
 
@@ -36,11 +36,11 @@ for an unknown agent or tool, or an outcome that cannot be trained on), from a s
 tool's `call_batch` ends the episode as dropped (`EpisodeOutcome.dropped`, the result's `failure` says which
 plugin raised what), logged once and counted (`failed`); the other episodes go on. A tool's batch that raises
 is retried one request at a time, so only the episodes whose own request raises are dropped.
-`max_consecutive_failures` in a row raise `EpisodeFailures` (`drmas.rollout.failures`). Exceptions from the
+`max_consecutive_failures` in a row raise `EpisodeFailures` (`drmas.episodes.failures`). Exceptions from the
 caller's callbacks and from the engines are not plugin failures: they end the stream as before.
 
-Every episode is bounded (`drmas.rollout.bounds`: turns, tool calls, wall time) and ends the same way past a
-bound. Plugin code runs in a thread of the runner's (`drmas.rollout.plugin_thread`; `drmas.rollout.stepping`
+Every episode is bounded (`drmas.episodes.bounds`: turns, tool calls, wall time) and ends the same way past a
+bound. Plugin code runs in a thread of the runner's (`drmas.episodes.plugin_thread`; `drmas.episodes.stepping`
 steps an episode there), so a call that blocks is abandoned at its deadline, its episodes dropped, and the
 others go on; an orchestra with `driver_thread = True` (code bound to the driver's thread) runs inline.
 """
@@ -51,64 +51,20 @@ import dataclasses
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
-from drmas.core.sample import Sample
 from drmas.core.tool_calls import prompt_ids
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
 from drmas.mas.base import PENDING, AgentTurn, EpisodeOutcome, Orchestra, Reply, ToolCall
-from drmas.rollout.bounds import DEFAULT_BOUNDS, REASONS, SLOW_CALL_S, EpisodeBounds
-from drmas.rollout.failures import EpisodeFailure, EpisodeFailures, FailureBook, ToolFailed, call_isolated
-from drmas.rollout.plugin_thread import PluginThread, Stuck
-from drmas.rollout.samples import Call, episode_samples
-from drmas.rollout.stepping import Ended, LiveEpisode, Stepper, at, generator_stack
-from drmas.rollout.turn_sampling import turn_sampling
-from drmas.tasks.base import Problem
+from drmas.episodes.bounds import DEFAULT_BOUNDS, REASONS, SLOW_CALL_S, EpisodeBounds
+from drmas.episodes.failures import EpisodeFailure, EpisodeFailures, FailureBook, ToolFailed, call_isolated
+from drmas.episodes.plugin_thread import PluginThread, Stuck
+from drmas.episodes.samples import Call, episode_samples
+from drmas.episodes.stepping import Ended, LiveEpisode, Stepper, at, generator_stack
+from drmas.episodes.turn_sampling import turn_sampling
+from drmas.episodes.types import AgentSpec, EpisodeRequest, EpisodeResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AgentSpec:
-    """How one agent is served: its model id and its sampling parameters; or, for an agent whose role is
-    scripted, the code that computes its turns (`script(turn) -> reply text`; no model, no sampling).
-    `engine`: the key of the engine that serves the model when it is not the model id itself (an adapter
-    `base/solver` is served by engine `base`; its sampling parameters name the adapter)."""
-
-    model: str
-    sampling: Optional[SamplingParams]
-    script: Optional[Callable[[AgentTurn], str]] = None
-    engine: str = ""
-
-    @property
-    def engine_key(self) -> str:
-        return self.engine or self.model
-
-
-@dataclass
-class EpisodeRequest:
-    """One episode to run: which problem, which GRPO group it belongs to, its unique id. `agents` replaces
-    the runner's agent specs for this episode only (same models, other sampling): an evaluation's episodes
-    run in the same stream as training episodes (`drmas.evaluation.interval`)."""
-
-    episode_id: str
-    group_id: str
-    problem: Problem
-    agents: Optional[Mapping[str, AgentSpec]] = None
-
-
-@dataclass
-class EpisodeResult:
-    request: EpisodeRequest
-    outcome: EpisodeOutcome
-    samples: list[Sample] = field(default_factory=list)
-    failure: Optional[EpisodeFailure] = None  # a plugin failed: the episode was dropped (`outcome.dropped`)
-
-    @classmethod
-    def failed(cls, failure: EpisodeFailure) -> EpisodeResult:
-        """A dropped episode: no samples, reward 0, no turns (an evaluation counts it wrong)."""
-        return cls(failure.request, EpisodeOutcome(reward=0.0, turns=[], dropped=failure.describe()), failure=failure)
 
 
 class EpisodeRunner:
@@ -134,7 +90,7 @@ class EpisodeRunner:
         weights, under the rule in the module docstring. `barrier` makes every step wait for all submitted
         turns before any episode goes on (rounds). `max_consecutive_failures`: episodes failing in a row, none
         ending well, after which the runner raises `EpisodeFailures` (`rollout.max_consecutive_episode_failures`).
-        `bounds`: how long an episode may run (`drmas.rollout.bounds`, `rollout.max_episode_turns` and the rest)."""
+        `bounds`: how long an episode may run (`drmas.episodes.bounds`, `rollout.max_episode_turns` and the rest)."""
         missing = [a for a in orchestra.agents if a not in agents]
         if missing:
             raise ValueError(f"the orchestra needs agents {missing} that are not configured")
@@ -437,7 +393,7 @@ class EpisodeRunner:
             self._close(item)
             self._drop(EpisodeFailure(item.request, step.kind, step.name, step.at, step.error), on_result)
 
-    # ---- bounds (drmas.rollout.bounds) --------------------------------------------------------------------
+    # ---- bounds (drmas.episodes.bounds) --------------------------------------------------------------------
 
     def _in_plugin_thread(self, items: list[LiveEpisode], plugin: tuple[str, str, object],
                           on_result: Callable[[EpisodeResult], None], fn: Callable, *args: object) -> object:

@@ -2,9 +2,9 @@
 
 `Stepper.advance` takes a live episode from the reply it waits for (or from its start) to what it asks an
 engine or a tool for next: it sends the reply into the orchestra's generator (or throws the engine's refusal
-in), checks the turn it yields, counts it against the episode's bounds (`drmas.rollout.bounds`) and answers a
+in), checks the turn it yields, counts it against the episode's bounds (`drmas.episodes.bounds`) and answers a
 scripted agent's turn at once, in the same step. It touches nothing but its own episode, so the runner runs it
-in the plugin thread (`drmas.rollout.plugin_thread`) and can abandon it there when it blocks; the runner acts
+in the plugin thread (`drmas.episodes.plugin_thread`) and can abandon it there when it blocks; the runner acts
 on what it returns (`Ended`, `Failed`, or None: the episode waits on `item.turn`) in its own thread.
 `item.plugin` says which plugin's code the episode is in, for a call that gets stuck.
 """
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Mapping, Optional
 
 from drmas.engines.base import SamplingParams
 from drmas.mas.base import AgentTurn, Orchestra, ToolCall
-from drmas.rollout.bounds import Budget
-from drmas.rollout.samples import Call
+from drmas.episodes.bounds import Budget
+from drmas.episodes.samples import Call
 
 if TYPE_CHECKING:
-    from drmas.rollout.episodes import AgentSpec, EpisodeRequest
+    from drmas.episodes import AgentSpec, EpisodeRequest
 
 
 @dataclass

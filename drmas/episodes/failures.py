@@ -8,7 +8,7 @@ does not flood the log), counts it, and tells a bug that fails every episode fro
 `limit` failures in a row with no episode ending well it raises `EpisodeFailures`, naming the plugin and the
 exception, instead of letting the process spin without producing anything. A `drmas.core.errors.Fatal`
 (e.g. an agent program past its restart bound) is not one episode's failure: it goes through. An episode past
-one of its bounds (`drmas.rollout.bounds.OverBound`) is dropped the same way, counted per reason, and logged with
+one of its bounds (`drmas.episodes.bounds.OverBound`) is dropped the same way, counted per reason, and logged with
 where its plugin was instead of a traceback.
 
 One traceback per distinct error, and only that error's: a tool's batch that raised is retried one request at a
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from drmas.core.errors import Fatal
-from drmas.rollout.bounds import OverBound
+from drmas.episodes.bounds import OverBound
 
 if TYPE_CHECKING:
-    from drmas.rollout.episodes import EpisodeRequest
+    from drmas.episodes import EpisodeRequest
 
 log = logging.getLogger(__name__)
 

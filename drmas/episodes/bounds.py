@@ -10,10 +10,10 @@ driver forever. So every episode has bounds (`rollout.*`, checked by the episode
   engine, a tool, or inside a plugin call);
 * `plugin_call_timeout_s`: one plugin call (an episode step, a scripted reply, a tool batch) blocks the driver
   at most this long, and never past the last deadline of the episodes it serves; the call is then abandoned
-  in its thread (`drmas.rollout.plugin_thread`) and those episodes end. More than `max_stuck_plugin_calls`
+  in its thread (`drmas.episodes.plugin_thread`) and those episodes end. More than `max_stuck_plugin_calls`
   abandoned calls still blocked stop the process (`EpisodeFailures`), naming the last one.
 
-An episode past a bound ends as a failing plugin's does (`drmas.rollout.failures`): dropped, logged once per
+An episode past a bound ends as a failing plugin's does (`drmas.episodes.failures`): dropped, logged once per
 distinct bound and place (with the stack of the code that holds it), counted in `rollout/episodes_failed` and,
 per reason (`REASONS`), in `rollout/episodes_over_bound/<reason>`. This module decides; the runner acts, the
 plugin thread runs the calls.
@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 
 from drmas.config.schema import RolloutConfig
 from drmas.mas.base import ToolCall
-from drmas.rollout.plugin_thread import where
+from drmas.episodes.plugin_thread import where
 
 REASONS = ("turns", "tool_calls", "time", "stuck")  # rollout/episodes_over_bound/<reason>
 SLOW_CALL_S = 60.0  # a plugin call running this long is logged (with its stack) while it is waited for

@@ -21,7 +21,7 @@ from drmas.config.schema import DrmasConfig
 from drmas.evaluation.evals_log import ASYNC_EVAL_DIR, EvalLog, summary_line
 from drmas.evaluation.interval import IntervalSchedule, RunningEvaluation
 from drmas.evaluation.sampling import eval_agent_specs, load_benchmarks
-from drmas.rollout.episodes import EpisodeRequest, EpisodeResult
+from drmas.episodes import EpisodeRequest, EpisodeResult
 from drmas.tasks.base import Task
 
 log = logging.getLogger(__name__)
