@@ -128,12 +128,14 @@ def markdown(result: dict) -> str:
              f"{runs[0]['steps']} steps per run, {runs[0]['before']['n']} held-out problems (greedy, the same before "
              f"and after), wall {meta['wall_s'] / 60:.1f} min, commit {meta['commit'][:10]}",
              "", "| seed | held-out before [95% CI] | after [95% CI] | gain ± paired SE (unpaired SE) | gain / SE "
-             "paired (unpaired) | turned right / wrong | wall (min) |", "|---|---|---|---|---|---|---|"]
+             "paired (unpaired) | turned right / wrong | wall (min): eval before + steps + eval after | s/step |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in runs:
         b, a, g = r["before"], r["after"], r["gain"]
         lines.append(f"| {r['seed']} | {_acc(b)} | {_acc(a)} | {g['gain']:+.3f} ± {g['se_paired']:.3f} "
                      f"({g['se_unpaired']:.3f}) | {g['z_paired']:.1f} ({g['z_unpaired']:.1f}) | "
-                     f"{g['turned_right']} / {g['turned_wrong']} | {r['wall_s'] / 60:.1f} |")
+                     f"{g['turned_right']} / {g['turned_wrong']} | {r['wall_s'] / 60:.1f}: {r['eval_s']['before'] / 60:.1f} + "
+                     f"{r['train_s'] / 60:.1f} + {r['eval_s']['after'] / 60:.1f} | {r['train_s'] / max(r['steps'], 1):.0f} |")
     lines += ["", f"| seed | agent | training reward, first {window} steps | last {window} steps | valid, first | last |",
               "|---|---|---|---|---|---|"]
     for r in runs:
