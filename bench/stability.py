@@ -40,10 +40,8 @@ needs matplotlib, the `bench` extra: without it the figures still come out, and 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -53,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import add_output_args, commit, replot, write_report  # noqa: E402
 from stability_stats import measured_second_moment, over_seeds, predicted_second_moment, set_view, spike_share  # noqa: E402
 
 MODES = ("agent", "global", "step_global")
@@ -210,24 +209,10 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def write_outputs(result: dict, out: Path, png: Path | None) -> None:
-    (out / "stability.json").write_text(json.dumps(result, indent=1, allow_nan=True))
-    table = markdown(result)
-    (out / "stability.md").write_text(table + "\n")
-    print(table)
-    if png is not None:
-        from stability_plot import plot
+    from stability_plot import plot
 
-        if plot(result, png):  # without matplotlib: one line on how to get it; the figures above stand
-            print(f"\nplot: {png}")
+    write_report(result, out, "stability", markdown(result), plot, png)
 
 
 def main() -> None:
@@ -240,14 +225,9 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--jobs", type=int, help="runs trained at the same time, one process each (default: the "
                         "setting's, 2 for tiny, 1 for smollm2)")
-    parser.add_argument("--out", default="runs/stability")
-    parser.add_argument("--png", help="where the plot goes (default OUT/stability.png)")
-    parser.add_argument("--replot", metavar="OUT", help="only redo the table and plot from OUT/stability.json")
-    parser.add_argument("overrides", nargs="*")
+    add_output_args(parser, "stability")
     args = parser.parse_args()
-    if args.replot:
-        out = Path(args.replot)
-        write_outputs(json.loads((out / "stability.json").read_text()), out, Path(args.png or out / "stability.png"))
+    if replot(args, "stability", write_outputs):
         return
     setting = SETTINGS[args.setting]
     seeds = args.seeds or setting["quick_seeds" if args.quick else "seeds"]
@@ -267,7 +247,7 @@ def main() -> None:
             print(f"done {job[1]} seed {job[2]}: {runs[-1]['wall_s']:.0f} s", flush=True)
     meta = {"setting": args.setting, "config": config, "seeds": list(range(seeds)), "steps": steps,
             "overrides": args.overrides, "quick": args.quick, "jobs": n_jobs, "wall_s": time.monotonic() - start,
-            "cpu_s": sum(r["cpu_s"] for r in runs), "commit": _commit(), "cpus": os.cpu_count()}
+            "cpu_s": sum(r["cpu_s"] for r in runs), "commit": commit(), "cpus": os.cpu_count()}
     write_outputs({"meta": meta, "summary": aggregate(runs), "runs": runs}, out, Path(args.png or out / "stability.png"))
 
 
