@@ -297,6 +297,7 @@ TOOL_CALL_AND_RESULT = re.compile(r'<tool_call>\n\{"name": "add", "arguments": \
                                   r'</tool_call>.*?<tool_response>\n(-?\d+)\n</tool_response>', re.DOTALL)
 
 
+@pytest.mark.e2e
 def test_a_tool_calling_program_runs_its_tools_through_the_gateway_and_trains(tmp_path):
     """examples/openai_agents/tools_agent.py (the tool loop of every agent framework, in plain openai client code,
     offering an `add` function) on a tiny model primed to write Hermes tool calls: the model's calls reach the

@@ -29,6 +29,7 @@ TOY = FIXTURES / "toy.yaml"
 TOY_PLUGIN = FIXTURES / "toy_mas.py"
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(500)
 def test_a_plugin_system_trains_in_the_async_pipeline(tmp_path):
     """toy.yaml names its plugin relative to itself (`./toy_mas.py`); run from another directory, the launcher,
