@@ -5,7 +5,6 @@ Process tests use the real learner and rollout processes of ``weight_harness``.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import msgspec
@@ -134,17 +133,21 @@ def test_receiver_without_learner_never_blocks() -> None:
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    config = WeightSyncConfig(join_retry_s=0.05)
+    # the bounds: far above what a loaded machine adds to a call that does not wait, far below every deadline
+    # the receiver could wait out instead (its transfer, ready and peer timeouts, the default 30, 120 and 10 s)
+    assert min(config.timeout_s, config.ready_timeout_s, config.peer_timeout_s) >= 10
     receiver = WeightReceiver(f"tcp://127.0.0.1:{port}", "lonely", lambda named, version, incarnation: None,
-                              config=WeightSyncConfig(join_retry_s=0.05)).start()
+                              config=config).start()
     try:
         start = time.monotonic()
         assert receiver.poll() is None and not receiver.connected and receiver.version is None
-        assert time.monotonic() - start < 0.1
+        assert time.monotonic() - start < 2.0
         time.sleep(0.3)  # a few Join attempts with backoff
     finally:
         start = time.monotonic()
         receiver.close()
-        assert time.monotonic() - start < 2.0
+        assert time.monotonic() - start < 5.0
 
 
 def test_curve_keeps_unknown_rollouts_out_of_the_weight_sync() -> None:
@@ -247,7 +250,7 @@ def test_killed_receiver_is_dropped_and_the_push_goes_on() -> None:
         c.kill("victim")
         start = time.monotonic()
         report = s.push(make_weights(1), 1)
-        assert time.monotonic() - start < CFG["timeout_s"] + 1
+        assert time.monotonic() - start < CFG["timeout_s"]  # its sockets closed: no deadline was waited out
         assert report.receivers_ok == ["r0"] and report.receivers_dropped == ["victim"], report
         c.wait_for({"r0": 1})
         assert set(s.sender.receivers()) == {"r0"}
@@ -262,14 +265,13 @@ def test_receiver_killed_during_a_transfer() -> None:
         c.receiver(s.endpoint, "slow", slow_s=0.05)  # ~50 tensors -> ~2.5 s inside apply
         c.wait_for({"r0": 0, "slow": 0}, timeout=40)
         s.wait_acked({"r0": 0, "slow": 0})
-        killer = threading.Timer(0.7, c.kill, args=("slow",))
-        killer.start()
+        killer = c.kill_once_started("slow")  # mid-transfer: it has started to take the push
         try:
             start = time.monotonic()
             report = s.push(w1, 1)
         finally:
             killer.join()
-        assert time.monotonic() - start < CFG["timeout_s"] + 1
+        assert time.monotonic() - start < CFG["timeout_s"]  # its sockets closed: no deadline was waited out
         assert report.receivers_ok == ["r0"] and report.receivers_dropped == ["slow"], report
         assert c.wait_for({"r0": 1})["r0"] == digests(w1)
 
