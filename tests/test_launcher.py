@@ -191,6 +191,7 @@ def test_children_of_a_sigkilled_launcher_stop_on_their_own(tmp_path, smoke_mode
     assert "stopped by the launcher's death" in learner and (out / "learner-policy" / "checkpoints").is_dir()
 
 
+@pytest.mark.e2e
 def test_launcher_refuses_a_missing_model_before_starting_anything(tmp_path):
     out = tmp_path / "run"
     done = run_cli(_drmas_run(out, f"models.policy.path={tmp_path / 'nowhere'}"), timeout=60, cwd=ROOT)

@@ -36,6 +36,7 @@ class CountedPasses(NamedTensors):
         return super().open()
 
 
+@pytest.mark.e2e
 def test_push_to_three_rollouts_relays_identical_weights_and_survives_a_killed_one() -> None:
     w1, w2 = make_weights(1, layers=40), make_weights(2, layers=40)  # ~10 MB each, 40 units of 256 KiB
     with cluster() as c, learner(make_weights(0), 0, chunk_mb=0.25) as s:

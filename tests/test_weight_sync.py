@@ -202,6 +202,7 @@ def test_curve_keeps_unknown_rollouts_out_of_the_weight_sync() -> None:
 # ====================================================================================== processes
 
 
+@pytest.mark.e2e
 def test_two_receivers_get_identical_tensors() -> None:
     w0 = make_weights(0)
     with cluster() as c, learner(w0, 0) as s:
@@ -218,6 +219,7 @@ def test_two_receivers_get_identical_tensors() -> None:
         assert s.sender.receivers() == {"r0": 1, "r1": 1}
 
 
+@pytest.mark.e2e
 def test_chunk_smaller_than_one_tensor() -> None:
     """6 MB tensor in 1 MB units (sliced), plus small tensors packed around it."""
     w0 = make_weights(0, big_mb=6.0)
@@ -230,6 +232,7 @@ def test_chunk_smaller_than_one_tensor() -> None:
         assert c.wait_for({"r0": 1})["r0"] == digests(w1)
 
 
+@pytest.mark.e2e
 def test_late_joiner_gets_current_version_immediately() -> None:
     with cluster() as c, learner(make_weights(0), 0) as s:
         c.receiver(s.endpoint, "r0")
@@ -241,6 +244,7 @@ def test_late_joiner_gets_current_version_immediately() -> None:
         assert c.wait_for({"late": 3})["late"] == digests(w3)
 
 
+@pytest.mark.e2e
 def test_killed_receiver_is_dropped_and_the_push_goes_on() -> None:
     with cluster() as c, learner(make_weights(0), 0) as s:
         c.receiver(s.endpoint, "r0")
@@ -256,6 +260,7 @@ def test_killed_receiver_is_dropped_and_the_push_goes_on() -> None:
         assert set(s.sender.receivers()) == {"r0"}
 
 
+@pytest.mark.e2e
 def test_receiver_killed_during_a_transfer() -> None:
     """A rollout dies while receiving (10 MB, more than the socket buffers hold, consumed slowly): the push
     completes for the other one within the timeout."""
@@ -276,6 +281,7 @@ def test_receiver_killed_during_a_transfer() -> None:
         assert c.wait_for({"r0": 1})["r0"] == digests(w1)
 
 
+@pytest.mark.e2e
 def test_restarted_receiver_rejoins_with_current_weights() -> None:
     with cluster() as c, learner(make_weights(0), 0) as s:
         c.receiver(s.endpoint, "r0")
@@ -290,6 +296,7 @@ def test_restarted_receiver_rejoins_with_current_weights() -> None:
         assert s.push(make_weights(6), 6).receivers_ok == ["r0"]
 
 
+@pytest.mark.e2e
 def test_apply_failure_is_reported_and_the_pair_survives() -> None:
     with cluster() as c, learner(make_weights(0), 0) as s:
         c.receiver(s.endpoint, "bad", poll_mode=True, fail_names=("layer.0.mask",))
@@ -301,6 +308,7 @@ def test_apply_failure_is_reported_and_the_pair_survives() -> None:
         assert set(s.sender.receivers()) == {"bad"}
 
 
+@pytest.mark.e2e
 def test_restarted_sender_on_same_ports_resyncs_receivers() -> None:
     with cluster() as c:
         endpoint, control_port, store_port = c.sender_process(0, 0, seed=0, version=0)
@@ -317,6 +325,7 @@ def test_restarted_sender_on_same_ports_resyncs_receivers() -> None:
             assert report.receivers_ok == ["r0", "r1"], report
 
 
+@pytest.mark.e2e
 def test_sender_killed_during_a_transfer_then_restarted() -> None:
     """The learner dies while a rollout is receiving: the rollout drops the broken pair, re-joins the
     successor on the same ports and gets its weights."""
