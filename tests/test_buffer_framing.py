@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import zmq
 from buffer_harness import clients, conserved, episode, make_buffer, make_sample, replies  # noqa: F401  (fixtures)
+from buffer_harness import settle_acks
 
 from drmas.buffer.framing import (
     OWN_FRAME_BYTES,
@@ -94,19 +95,16 @@ def test_batched_acks_lose_nothing_when_the_buffer_is_replaced(make_buffer, clie
     """Every episode a producer sent is either acknowledged by the buffer that stored it or, once that buffer
     is gone, counted lost -- never both, never neither, with many episodes in flight."""
     old = make_buffer(agent_models={"solver": "m1"}, capacity_samples=4)
-    producer = clients.producer(old, window=8, timeout_s=2.0)
+    producer = clients.producer(old, window=8, timeout_s=30.0)
     for index in range(8):  # groups of 2: only the first 4 opening episodes' acks flow, the rest park
         producer.send_episode(f"g{index}", 2, f"g{index}/e0", episode(f"g{index}", 0, ("solver",))[1])
-    try:
-        producer.flush(timeout_s=0.5)
-    except TimeoutError:
-        pass
+    settle_acks(producer, old, 8)
     acked = 8 - producer.unacked
     assert 0 < acked < 8 and old.stats().parked_acks == producer.unacked
     endpoints = {"producer_endpoint": old.producer_endpoint, "consumer_endpoint": old.consumer_endpoint}
     old.stop()
     new = make_buffer(agent_models={"solver": "m1"}, **endpoints)
-    assert producer.probe(timeout_s=5.0)
+    assert producer.probe(timeout_s=60.0)  # the DEALER reconnects by itself: returns as soon as it has
     assert producer.lost_episodes == 8 - acked and producer.unacked == 0
     producer.send_episode("fresh", 1, "fresh/e0", episode("fresh", 0, ("solver",))[1])
     producer.flush()
@@ -126,7 +124,7 @@ def test_a_learner_gets_a_large_sample_in_a_frame_of_its_own_and_small_ones_join
     try:
         learner.connect(buf.consumer_endpoint)
         learner.send(encode_message(Pull(seq=1, agents=["solver"], wait_ms=1000)))
-        assert learner.poll(5000)
+        assert learner.poll(60_000)
         frames = learner.recv_multipart()
     finally:
         learner.close()

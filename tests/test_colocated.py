@@ -24,6 +24,7 @@ def _cfg(tmp_path, *overrides):
     return load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'run'}", "logging.tensorboard=false", *overrides])
 
 
+@pytest.mark.e2e
 def test_steps_change_weights_and_engine_follows(tmp_path):
     run = ColocatedRun(_cfg(tmp_path, "trainer.steps=2", "eval.n_problems=0"), log=lambda *_: None)
     trainer = run.trainers["policy"]
@@ -47,6 +48,7 @@ def test_steps_change_weights_and_engine_follows(tmp_path):
         assert torch.equal(engine_weights[name].data, p.data), f"engine has stale {name}"
 
 
+@pytest.mark.e2e
 def test_running_reward_statistics_reach_tensorboard_and_the_summary(tmp_path, capsys):
     from drmas.runtime.report import print_summary
 
@@ -66,6 +68,7 @@ def test_running_reward_statistics_reach_tensorboard_and_the_summary(tmp_path, c
     assert "running reward (solver) mean / std / count" in printed and "running reward (verifier)" in printed
 
 
+@pytest.mark.e2e
 def test_eval_interval_scores_every_version_between_steps_without_changing_training(tmp_path):
     """eval.interval=1: versions 0, 1, 2 are evaluated (avg@k / pass@k, per-agent statistics) into evals.jsonl and
     TensorBoard at their version; the training steps are those of a run without evaluations."""
@@ -98,6 +101,7 @@ def test_eval_interval_scores_every_version_between_steps_without_changing_train
                                                                           b["reward/solver/mean"])
 
 
+@pytest.mark.e2e
 def test_engine_logprobs_match_learner_on_same_weights(tmp_path):
     """Behaviour log-probs (engine, incremental KV cache) vs the learner's padded recomputation."""
     run = ColocatedRun(_cfg(tmp_path, "trainer.steps=1", "eval.n_problems=0"), log=lambda *_: None)
@@ -113,6 +117,7 @@ def test_engine_logprobs_match_learner_on_same_weights(tmp_path):
     assert diff < 1e-4, f"engine and learner log-probs differ by {diff}"
 
 
+@pytest.mark.e2e
 def test_separate_models_per_agent(tmp_path):
     cfg = _cfg(
         tmp_path, "trainer.steps=1", "eval.n_problems=0",
@@ -125,6 +130,7 @@ def test_separate_models_per_agent(tmp_path):
     assert np.isfinite(record["grad_norm/policy"]) and np.isfinite(record["grad_norm/verifier_model"])
 
 
+@pytest.mark.e2e
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     quiet = dict(log=lambda *_: None)
     ColocatedRun(_cfg(tmp_path, "trainer.steps=2", "trainer.checkpoint_interval=1", "eval.n_problems=0"), **quiet).run()
@@ -143,6 +149,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
         assert records[-1][key] == pytest.approx(straight[key], rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.e2e
 def test_cli_run_writes_output_layout(tmp_path):
     out = tmp_path / "cli"
     proc = subprocess.run(

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 AUDIT = Path(__file__).resolve().parent / "device_audit.py"
 CHECKS = ["mechanism_catches_device_mixing", "engine_on_device_matches_cpu", "engine_decode_step_reads_the_device_once",
           "weights_from_a_device_learner_into_a_device_engine", "learner_update_on_device",

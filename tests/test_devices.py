@@ -40,6 +40,7 @@ def test_a_malformed_device_is_refused_at_config_time():
     assert load_config(SMOKE, ["models.policy.device=cuda:3"]).models["policy"].device == "cuda:3"
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_a_run_asking_for_a_gpu_that_is_not_there_exits_with_a_message(tmp_path):
     import subprocess

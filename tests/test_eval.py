@@ -327,6 +327,7 @@ def test_resume_accepts_other_retriever_transport_and_thread_settings(tmp_path):
     assert len(ev.done) == 1  # how the retriever is reached does not change what an episode samples
 
 
+@pytest.mark.e2e
 def test_eval_of_a_checkpoint_from_a_one_step_run(tmp_path):
     from drmas.cli import main as drmas_main
 

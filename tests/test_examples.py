@@ -48,6 +48,7 @@ def _eval(config: Path, overrides: list[str], run: Path, out: Path) -> dict:
     return json.loads(report.read_text())
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_code_review_trains_in_the_async_pipeline_and_drmas_eval_scores_it(tmp_path):
     """The sandbox runs in the rollout process (the episodes' checks) and the launcher (held-out accuracy);
@@ -68,6 +69,7 @@ def test_code_review_trains_in_the_async_pipeline_and_drmas_eval_scores_it(tmp_p
     assert report["benchmarks"]["code_tasks"]["n_questions"] == 2
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(400)
 def test_debate_trains_colocated_and_drmas_eval_scores_it(tmp_path):
     run = tmp_path / "run"
@@ -84,6 +86,7 @@ def test_debate_trains_colocated_and_drmas_eval_scores_it(tmp_path):
     assert {"solvers_agree", "judge_approved", "best_solver"} <= set(behaviour["info"])
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(400)
 def test_code_review_trains_colocated_too(tmp_path):
     """The other loop for each example (the tests above score each with `drmas eval` once): the sandbox in the
@@ -97,6 +100,7 @@ def test_code_review_trains_colocated_too(tmp_path):
     assert all(r["calls/coder"] == 8 and r["calls/tester"] == 8 for r in steps), steps
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_debate_trains_in_the_async_pipeline_too(tmp_path):
     run = tmp_path / "run"

@@ -20,6 +20,8 @@ from test_launcher import ASYNC
 
 from drmas.runtime.metrics import read_metrics
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "openai_agents"
 

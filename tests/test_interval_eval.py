@@ -48,6 +48,7 @@ def test_a_negative_interval_is_refused_naming_the_key():
         load_config(SMOKE, ["eval.interval=-1"])
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(420)  # covers a cold build of the smoke model; the run has its own limit
 def test_async_run_evaluates_while_training_and_its_samples_never_reach_the_buffer(tmp_path):
     assembly.model_path(load_config(SMOKE), "policy")  # built once here, not by every child

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from drmas.config import load_config
 from drmas.config.load import to_yaml
 from drmas.launch.placement import add_run_keys, key_files, localize, place_endpoints
@@ -71,6 +73,7 @@ def test_spread_endpoints_get_node_addresses_and_run_keys_that_travel(tmp_path):
     assert add_run_keys(mine, MODELS, tmp_path / "other") is None
 
 
+@pytest.mark.e2e
 def test_process_host_starts_a_buffer_on_the_ports_it_found_and_relays_its_output(tmp_path):
     host = ProcessHost("buffer")
     producer, consumer = host.free_ports("127.0.0.1", 2)

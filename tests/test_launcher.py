@@ -100,6 +100,7 @@ class _Background:
                 os.killpg(int(pid), signal.SIGKILL)
 
 
+@pytest.mark.e2e
 def test_launcher_runs_the_pipeline_through_a_dead_rollout_and_a_dead_learner(tmp_path, smoke_model):
     """Buffer, learner and two rollouts with merged logs and held-out accuracy before and after. kill -9 of a
     rollout, then of the learner: each is restarted (the learner from its checkpoint) and the run ends
@@ -145,6 +146,7 @@ def test_launcher_runs_the_pipeline_through_a_dead_rollout_and_a_dead_learner(tm
     assert 0 <= scored["eval/accuracy_before"] <= 1 and 0 <= scored["eval/accuracy_after"] <= 1
 
 
+@pytest.mark.e2e
 def test_launcher_stops_everything_when_a_child_cannot_be_restarted(tmp_path, smoke_model):
     out = tmp_path / "run"
     # no held-out evaluation (the test above checks it): it would cost this run a model load and a first
@@ -164,6 +166,7 @@ def test_launcher_stops_everything_when_a_child_cannot_be_restarted(tmp_path, sm
     assert (out / "learner-policy" / "checkpoints").is_dir()  # the learner was stopped cleanly and saved
 
 
+@pytest.mark.e2e
 def test_children_of_a_sigkilled_launcher_stop_on_their_own(tmp_path, smoke_model):
     """Issue 33: buffer, learner and rollout run in sessions of their own, so after a SIGKILL of `drmas run` they
     lived on as orphans; now each notices its launcher is gone and stops as SIGTERM would stop it (the learner
@@ -188,6 +191,7 @@ def test_children_of_a_sigkilled_launcher_stop_on_their_own(tmp_path, smoke_mode
     assert "stopped by the launcher's death" in learner and (out / "learner-policy" / "checkpoints").is_dir()
 
 
+@pytest.mark.e2e
 def test_launcher_refuses_a_missing_model_before_starting_anything(tmp_path):
     out = tmp_path / "run"
     done = run_cli(_drmas_run(out, f"models.policy.path={tmp_path / 'nowhere'}"), timeout=60, cwd=ROOT)
@@ -195,6 +199,7 @@ def test_launcher_refuses_a_missing_model_before_starting_anything(tmp_path):
     assert "Traceback" not in done.stderr + done.stdout and "started" not in done.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(720)  # the module fixture may first build both smoke_async models
 def test_smoke_async_trains_two_models_one_of_them_on_two_learner_ranks(tmp_path, smoke_async_models):
     """configs/smoke_async.yaml: solver and verifier on separate models, so one learner each, and two

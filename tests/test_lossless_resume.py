@@ -27,7 +27,7 @@ PROMPTS_PER_STEP = 2  # configs/smoke.yaml
 KILLS = (("rollout", 1), ("buffer", 2), ("learner", 3), ("all", 5))  # what is killed after which step
 BUDGET_S = 420
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 class Pipeline:

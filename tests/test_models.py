@@ -260,6 +260,7 @@ def test_sharded_checkpoint_with_a_missing_shard_is_named(model_copy: Path) -> N
     assert "models.m.path" in str(err.value) and "model-00001" not in str(err.value)
 
 
+@pytest.mark.e2e
 def test_drmas_run_on_a_corrupt_model_exits_2_with_one_line(model_copy: Path, tmp_path: Path) -> None:
     config_json = _damage_config(model_copy, '{"model_type": "qwen2", ')
     proc = subprocess.run(

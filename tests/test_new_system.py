@@ -12,6 +12,7 @@ from drmas.cli import main
 from drmas.runtime.metrics import read_metrics
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_a_new_system_trains_out_of_the_box(tmp_path):
     made = run_cli([sys.executable, "-m", "drmas.cli", "new-system", "my_system", "--dir", "systems"], timeout=60,

@@ -49,6 +49,7 @@ def _check_buffer_accounting(out: Path, learner_steps: list[dict], version: int)
     assert final["buffer/version/policy"] == version
 
 
+@pytest.mark.e2e
 def test_processes_train_within_the_staleness_bound_and_a_restarted_learner_resumes(tmp_path, smoke_model):
     out = tmp_path / "run"
     overrides = _overrides(out, MAX_STALENESS, STEPS)
@@ -104,6 +105,7 @@ def _poison(group: str, kind: str):
                                policy_version=0, temperature=1.0, valid=True, reward=1.0)]
 
 
+@pytest.mark.e2e
 def test_strictly_on_policy_training_goes_on_through_bad_messages_and_samples_the_model_cannot_take(tmp_path,
                                                                                                   smoke_model):
     """pipeline.max_staleness=0 trains only on samples of the current weights. Meanwhile random bytes, a

@@ -27,7 +27,7 @@ KILL_LEARNER_AT = 6
 MAX_STALENESS = 1
 BUDGET_S = 180
 
-pytestmark = pytest.mark.timeout(480)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(480)]
 
 
 def _wait_for_step(procs: Processes, metrics_path, step: int, deadline: float) -> None:

@@ -19,6 +19,8 @@ from drmas.colocated import ColocatedRun
 from drmas.episodes.failures import EpisodeFailures
 from drmas.runtime.metrics import read_metrics
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "tests" / "fixtures" / "plugins" / "toy.yaml"
 TOY_PLUGIN = ROOT / "tests" / "fixtures" / "plugins" / "toy_mas.py"

@@ -29,6 +29,7 @@ TOY = FIXTURES / "toy.yaml"
 TOY_PLUGIN = FIXTURES / "toy_mas.py"
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(500)
 def test_a_plugin_system_trains_in_the_async_pipeline(tmp_path):
     """toy.yaml names its plugin relative to itself (`./toy_mas.py`); run from another directory, the launcher,
@@ -84,6 +85,7 @@ def test_a_plugin_that_cannot_be_imported_is_one_error_naming_its_key(tmp_path, 
     assert re.search(expected, err), err
 
 
+@pytest.mark.e2e
 def test_drmas_run_of_a_broken_plugin_exits_2_before_any_process_starts(tmp_path):
     config = _config_with(tmp_path, "def f(:\n")
     done = run_cli([sys.executable, "-m", "drmas.cli", "run", "--config", str(config), *ASYNC,

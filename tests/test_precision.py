@@ -84,6 +84,7 @@ def test_a_bfloat16_push_sends_half_the_bytes_and_the_engine_gets_what_it_holds(
         assert mine.dtype == torch.bfloat16 and torch.equal(mine, theirs.detach().to(torch.bfloat16)), name
 
 
+@pytest.mark.e2e
 def test_colocated_run_in_bfloat16_compute(tmp_path: Path, tiny_model_dir: Path) -> None:
     """The whole colocated loop with compute_dtype=bfloat16: the learner autocasts, the engine serves
     bfloat16, the pushes cast; the on-policy gap is logged and finite."""

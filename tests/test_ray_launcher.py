@@ -24,6 +24,8 @@ from test_launcher import ASYNC, _Background, _gone  # noqa: E402
 from drmas.runtime.metrics import read_metrics  # noqa: E402
 from drmas.runtime.netsec import is_loopback_host  # noqa: E402
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[1]
 STARTED = re.compile(r"\[launcher\] started (\S+) \(pid (\d+) on \S+, actor pid (\d+)\)")
 STARTED_NAMES = re.compile(r"\[launcher\] started (\S+) \(pid")

@@ -104,7 +104,7 @@ def test_client_waits_for_a_server_that_is_starting(bm25):
     timer = threading.Timer(0.5, lambda: started.append(RetrievalServer(bm25, port=port).start()))
     timer.start()
     try:
-        client = HttpRetriever(f"http://127.0.0.1:{port}/retrieve", timeout_s=5, retries=6, backoff_s=0.1)
+        client = HttpRetriever(f"http://127.0.0.1:{port}/retrieve", timeout_s=5, retries=8, backoff_s=0.1)  # 25 s
         hits = client.search([DISTINCTIVE_QUERIES["5"]], 1)
         assert hits[0][0].passage.id == "5"
     finally:
@@ -190,11 +190,14 @@ def test_client_accepts_unscored_answers_from_other_servers():
 # One test per attack the standard library's server fell to; each fails against that server.
 
 
+QUICK_DEADLINE_S = 1.0
+
+
 @pytest.fixture
 def quick_server(bm25):
     """A server whose request deadline is short enough to watch it close a slow client."""
-    srv = RetrievalServer(bm25, host="127.0.0.1", port=0, request_timeout_s=1.0, keep_alive_s=1.0,
-                          shutdown_grace_s=1.0).start()
+    srv = RetrievalServer(bm25, host="127.0.0.1", port=0, request_timeout_s=QUICK_DEADLINE_S,
+                          keep_alive_s=QUICK_DEADLINE_S, shutdown_grace_s=1.0).start()
     try:
         yield srv
     finally:
@@ -247,18 +250,20 @@ def test_fifty_parallel_clients_are_all_answered(server):
     b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n{\"queries\": [",  # half the body
 ], ids=["half-headers", "half-body"])
 def test_slow_client_blocks_no_one_and_is_closed_at_the_deadline(quick_server, half_request):
+    opened = time.monotonic()  # before the connection: its deadline cannot start earlier
     slow = _connect(quick_server)
     try:
         slow.sendall(half_request)
-        opened = time.monotonic()
         assert _retrieve_once(quick_server.url) == 200
-        assert time.monotonic() - opened < 0.5  # answered at once, not after the slow client
-        slow.settimeout(5)
+        slow.setblocking(False)  # answered while the slow client is still held open: not after it
+        with pytest.raises(BlockingIOError):
+            slow.recv(1024)
+        slow.settimeout(60)
         try:
             assert slow.recv(1024) == b""  # closed by the server, no answer
         except ConnectionResetError:
             pass
-        assert 0.9 <= time.monotonic() - opened < 3  # at the 1 s deadline
+        assert QUICK_DEADLINE_S <= time.monotonic() - opened < QUICK_DEADLINE_S + 10  # at the deadline
     finally:
         slow.close()
 
@@ -273,7 +278,7 @@ def test_dribbling_client_does_not_extend_its_deadline(quick_server):
             for byte in request:
                 slow.sendall(bytes([byte]))
                 time.sleep(0.1)
-        assert time.monotonic() - opened < 3
+        assert time.monotonic() - opened < QUICK_DEADLINE_S + 10  # the whole dribble would take 26 s
     finally:
         slow.close()
 
@@ -321,16 +326,17 @@ def test_oversized_body_gets_413_that_the_client_receives(server):
 def test_close_is_prompt_and_leaks_no_threads_or_sockets(bm25):
     before = {t.ident for t in threading.enumerate()}
     for _ in range(3):
-        srv = RetrievalServer(bm25, host="127.0.0.1", port=0, shutdown_grace_s=0.5).start()
+        # what an unprompt close would wait for (an idle connection, one mid-request) takes 30 s or more
+        srv = RetrievalServer(bm25, host="127.0.0.1", port=0, shutdown_grace_s=0.5, keep_alive_s=30.0).start()
         assert _retrieve_once(srv.url) == 200
         idle, mid_body = _connect(srv), _connect(srv)  # an idle connection and one stuck mid-request
         mid_body.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n{")
         time.sleep(0.1)
         started = time.monotonic()
         srv.close()
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 10
         for sock in (idle, mid_body):
-            sock.settimeout(5)
+            sock.settimeout(60)
             assert sock.recv(1024) == b""  # closed by the server
             sock.close()
         with pytest.raises(ConnectionRefusedError):

@@ -39,6 +39,7 @@ def test_shipped_configs_leave_every_port_to_drmas_run():
         assert cfg.pipeline.learner_base_port == 0 and not cfg.pipeline.learner_ports, path
 
 
+@pytest.mark.e2e
 def test_a_hand_started_buffer_refuses_port_0_naming_the_keys(tmp_path):
     done = subprocess.run([sys.executable, "-m", "drmas.buffer.main", "--config", str(SMOKE_ASYNC),
                            f"trainer.output_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120,
@@ -57,6 +58,7 @@ def busy_port():
         yield sock.getsockname()[1]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("process", ["buffer", "learner"])
 def test_a_hand_started_process_on_a_busy_port_says_which_key_in_one_line(process, tmp_path, busy_port, smoke_model):
     """Before: a ZMQError traceback ('Address already in use')."""

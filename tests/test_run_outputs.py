@@ -87,6 +87,7 @@ def test_an_output_dir_holding_a_run_is_refused_unless_resuming_or_overwriting(t
         claim_output_dir(home_like / "thesis.tex", resume=False, overwrite=False)
 
 
+@pytest.mark.e2e
 def test_a_second_run_into_the_same_directory_is_refused_with_a_message(tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(ROOT / "configs" / "smoke.yaml"),

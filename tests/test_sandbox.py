@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from sandbox_harness import IS_ROOT, UNPRIVILEGED, assert_nothing_left, fallback_python, nobody_python
+from sandbox_harness import (
+    IS_ROOT,
+    LIMITS,
+    SHORT_TIMEOUT_S,
+    UNPRIVILEGED,
+    assert_nothing_left,
+    fallback_python,
+    nobody_python,
+)
 from sandbox_harness import searchable_root
 from sandbox_harness import make_tool as _tool
 
@@ -46,16 +54,35 @@ def seccomp_tool(work_root):
         yield tool
 
 
+@pytest.fixture(scope="module")
+def default_short_tool(work_root):
+    with _tool(work_root, "default-short", timeout_s=SHORT_TIMEOUT_S) as tool:
+        yield tool
+
+
+@pytest.fixture(scope="module")
+def seccomp_short_tool(work_root):
+    with _tool(work_root, "seccomp-short", timeout_s=SHORT_TIMEOUT_S, network_isolation=["seccomp"],
+               python=fallback_python()) as tool:
+        yield tool
+
+
 @pytest.fixture(params=["default", "seccomp"])
 def tool(request) -> SandboxTool:
     return request.getfixturevalue(f"{request.param}_tool")
+
+
+@pytest.fixture
+def short_tool(request, tool) -> SandboxTool:
+    """`tool`'s kind with a wall clock of SHORT_TIMEOUT_S, for the programs that must run into it."""
+    return request.getfixturevalue(f"{request.node.callspec.params['tool']}_short_tool")
 
 
 @pytest.fixture(autouse=True)
 def nothing_left(request):
     """After every test: no process of a run still alive, no working directory left."""
     yield
-    for name in ("default_tool", "seccomp_tool"):
+    for name in ("default_tool", "seccomp_tool", "default_short_tool", "seccomp_short_tool"):
         if name in request.fixturenames:
             assert_nothing_left(request.getfixturevalue(name))
 
@@ -73,17 +100,18 @@ def test_a_program_runs_and_reports(tool):
     assert tool.run("raise SystemExit(3)").exit_code == 3
 
 
-def test_infinite_loop_times_out(tool):
-    result = tool.run("while True:\n    pass")
+def test_infinite_loop_times_out(short_tool):
+    result = short_tool.run("while True:\n    pass")
     assert result.status == "timeout" and "wall-clock" in result.detail
-    assert 1.5 <= result.duration_s < 1.5 + 1.0
+    assert SHORT_TIMEOUT_S <= result.duration_s < SHORT_TIMEOUT_S + 5  # at its limit, however loaded the machine
 
 
 def test_cpu_limit(work_root):
-    with _tool(work_root, "cpu", cpu_s=1, timeout_s=6, workers=1) as tool:
+    # a wall clock far behind: a loaded machine may give the loop a fraction of a core, never 30 s for 1 s of CPU
+    with _tool(work_root, "cpu", cpu_s=1, timeout_s=60, workers=1) as tool:
         result = tool.run("while True:\n    pass")
     assert result.status == "timeout" and "CPU limit of 1 s" in result.detail, result
-    assert result.duration_s < 4
+    assert result.duration_s < 30
 
 
 def test_ten_gigabytes_is_a_memory_result(tool):
@@ -103,7 +131,7 @@ def test_output_is_capped(tool):
     result = tool.run("import sys\nwhile True:\n    sys.stdout.write('x' * 1000)")
     assert result.status == "output_limit"
     assert result.output_bytes > 64 * 1024 and result.stdout == "x" * 2000  # the tail only
-    assert result.duration_s < 1.5  # killed at the cap, not at the wall-clock limit
+    assert result.duration_s < LIMITS["timeout_s"]  # killed at the cap, not at the wall-clock limit
 
 
 def test_file_size_and_open_files_limits(tool):
@@ -164,7 +192,8 @@ time.sleep(0.3)  # let it report, then end while it sleeps
 def test_processes_left_behind_are_killed(tool, daemonise):
     started = time.monotonic()
     result = tool.run(_BACKGROUND.format(daemonise=daemonise))
-    assert result.status == "ok" and time.monotonic() - started < 1.5, result
+    # not held up by what it left behind (asleep for 60 s): it ended on its own, before its wall clock
+    assert result.status == "ok" and time.monotonic() - started < LIMITS["timeout_s"], result
     assert not _alive(result.stdout)
 
 
@@ -194,14 +223,14 @@ except OSError as exc:
 """
 
 
-def test_fork_bomb_is_contained(tool):
+def test_fork_bomb_is_contained(tool, short_tool):
     if not tool.probe.confinement.get("process_limit"):
         pytest.skip("programs run as root here: RLIMIT_NPROC does not apply (uid_base is null)")
     counted = tool.run(_COUNT_FORKS)
     errno, forked = map(int, counted.stdout.split())
     assert errno == 11 and 1 <= forked <= 8 - 1  # EAGAIN: at most max_processes, the program included
-    bomb = tool.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
-    assert bomb.status == "timeout" and bomb.duration_s < 1.5 + 1.0
+    bomb = short_tool.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
+    assert bomb.status == "timeout" and bomb.duration_s < SHORT_TIMEOUT_S + 5
 
 
 def test_network_is_refused(tool):
@@ -226,7 +255,7 @@ def test_seccomp_refuses_signalling_every_process(seccomp_tool):
     assert result.status == "error" and "PermissionError" in result.stderr, result
 
 
-def test_working_directory_is_private_and_removed(tool):
+def test_working_directory_is_private_and_removed(tool, short_tool):
     code = """
 import os
 print(os.getcwd())
@@ -241,7 +270,7 @@ print(sorted(os.environ))
     assert not os.path.exists(workdir)
     assert env == str(sorted(["PATH", "HOME", "TMPDIR", "LANG", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                               "MKL_NUM_THREADS"]))  # nothing of ours: no PYTHONPATH, no keys
-    killed = tool.run("import os, time\nprint(os.getcwd(), flush=True)\ntime.sleep(60)")
+    killed = short_tool.run("import os, time\nprint(os.getcwd(), flush=True)\ntime.sleep(60)")
     assert killed.status == "timeout" and not os.path.exists(killed.stdout.strip())
 
 
@@ -278,14 +307,14 @@ def test_bad_requests_are_rejected_not_raised(default_tool):
     assert "../escape.py" in results[0].detail and "int" in results[1].detail
 
 
-def test_a_batch_with_misbehaving_programs(default_tool):
+def test_a_batch_with_misbehaving_programs(default_short_tool):
     requests = ["print(1)", "while True: pass", "print(2)", "data = bytearray(10 * 2**30)", "import os; os.abort()",
                 "print(3)"]
     started = time.monotonic()
-    results = default_tool.call_batch(requests)
+    results = default_short_tool.call_batch(requests)
     assert [r.status for r in results] == ["ok", "timeout", "ok", "memory", "crashed", "ok"]
     assert [r.stdout for r in results if r.ok] == ["1\n", "2\n", "3\n"]
-    assert time.monotonic() - started < 1.5 + 2.0  # in parallel: the loop's limit, not a sum of runs
+    assert time.monotonic() - started < SHORT_TIMEOUT_S + 2.0  # in parallel: the loop's limit, not a sum of runs
 
 
 def test_closing_kills_running_programs(work_root):
@@ -296,8 +325,9 @@ def test_closing_kills_running_programs(work_root):
     time.sleep(0.5)
     started = time.monotonic()
     tool.close()
-    runner.join(10)
-    assert [r.status for r in results] == ["killed", "killed"] and time.monotonic() - started < 5
+    runner.join(60)
+    # killed at once: not after their 60 s sleep, nor at the tool's 30 s wall clock
+    assert [r.status for r in results] == ["killed", "killed"] and time.monotonic() - started < 20
     assert_nothing_left(tool)
     assert [r.status for r in tool.call_batch(["print(1)"])] == ["killed"]  # closed: nothing runs any more
 
@@ -329,13 +359,13 @@ def test_programs_die_with_the_drmas_process(tmp_path):
     trainer = subprocess.Popen([sys.executable, "-c", script])
     try:
         started = lambda: [pid for pid in _with_marker(marker) if pid != trainer.pid]  # noqa: E731
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while len(started()) < 2 and time.monotonic() < deadline:  # the launcher and the program (and reaper)
             time.sleep(0.05)
         assert len(started()) >= 2
         trainer.kill()
         trainer.wait()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # the kill lands at once; a loaded machine may take a while to show it
         while _with_marker(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _with_marker(marker) == []

@@ -8,8 +8,12 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from drmas.cli import main as drmas_main
 from drmas.runtime.metrics import read_metrics
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 SEARCH_SMOKE = ROOT / "configs" / "search_smoke.yaml"

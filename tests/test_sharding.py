@@ -186,6 +186,7 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+@pytest.mark.e2e
 def test_two_sharded_ranks_take_the_one_process_update_and_resume_checkpoints(tiny_model_dir, tmp_path):
     samples = _samples(tiny_model_dir, n=6)
     for i, sample in enumerate(samples):  # mixed lengths: token-mean and sequence means then differ

@@ -42,6 +42,7 @@ def _drmas_run(out: Path, *overrides: str) -> list[str]:
             *overrides]
 
 
+@pytest.mark.e2e
 def test_ctrl_c_stops_a_colocated_run_with_its_checkpoint_and_the_resume_logs_no_step_twice(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(_drmas_run(out, "trainer.steps=100", "logging.tensorboard=true"), cwd=ROOT,
@@ -87,6 +88,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.e2e
 def test_sigterm_during_a_checkpoint_write_finishes_the_checkpoint_and_stops(tmp_path):
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-c", SIGNAL_MID_SAVE, *_drmas_run(out, "trainer.steps=3",
@@ -127,6 +129,7 @@ def _log_extra_step(out: Path, step: int) -> None:
     time.sleep(1.1)
 
 
+@pytest.mark.e2e
 def test_resume_names_the_torn_checkpoint_it_skips_or_that_there_is_none_and_never_logs_a_step_twice(tmp_path):
     out = tmp_path / "run"
     ColocatedRun(_cfg(out, "trainer.steps=1", "trainer.checkpoint_interval=1"), log=lambda *_: None).run()

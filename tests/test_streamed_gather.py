@@ -131,6 +131,7 @@ def _rank_main(rank: int, size: int, port: int, model_dir: str, samples, ports: 
         dist.destroy_process_group()
 
 
+@pytest.mark.e2e
 def test_two_sharded_ranks_stream_pushes_join_syncs_and_the_hf_checkpoint(tiny_model_dir, tmp_path):
     model_dir = _layered_model(tmp_path, tiny_model_dir)
     one = _trainer(model_dir)

@@ -16,6 +16,8 @@ from test_plugin_failures import _config, _train, toy_with
 
 from drmas.runtime.metrics import read_metrics
 
+pytestmark = pytest.mark.e2e
+
 STUCK = '''
 """The toy system, misbehaving on one question: its episode never ends (it asks the proposer, the scripted referee or
 the calculator again and again), or its orchestra, referee or calculator blocks in time.sleep."""

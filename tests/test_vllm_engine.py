@@ -20,6 +20,8 @@ from drmas.engines.logprobs import sequence_logprobs  # noqa: E402
 from drmas.engines.vllm_engine import VLLMEngine, check_engine_args  # noqa: E402
 from drmas.models.loading import load_model  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_KV = {"kv_cache_memory_bytes": 64 << 20}
 PROMPT = [1, 2, 3, 4, 5]

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VLLM = ["rollout.engine=vllm", "rollout.engine_args={kv_cache_memory_bytes: 67108864}", "trainer.threads=1",
         "logging.tensorboard=false"]
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
 def _run(config: str, out: Path, *overrides: str) -> None:

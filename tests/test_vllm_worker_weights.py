@@ -24,7 +24,7 @@ from drmas.models.loading import load_model  # noqa: E402
 from drmas.weights import WeightReceiver, WeightSender  # noqa: E402
 from drmas.weights.rollout.member import receiving_workers  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 PROMPT = [1, 2, 3, 4, 5]
 CFG = WeightSyncConfig(timeout_s=60.0, ready_timeout_s=60.0, join_retry_s=0.2, heartbeat_s=0.5, peer_timeout_s=30.0,
                        chunk_mb=0.25)  # several units per push, and tensors sliced across units

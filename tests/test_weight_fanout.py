@@ -4,7 +4,6 @@ chain mid-push does not stall the others."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -37,6 +36,7 @@ class CountedPasses(NamedTensors):
         return super().open()
 
 
+@pytest.mark.e2e
 def test_push_to_three_rollouts_relays_identical_weights_and_survives_a_killed_one() -> None:
     w1, w2 = make_weights(1, layers=40), make_weights(2, layers=40)  # ~10 MB each, 40 units of 256 KiB
     with cluster() as c, learner(make_weights(0), 0, chunk_mb=0.25) as s:
@@ -56,8 +56,7 @@ def test_push_to_three_rollouts_relays_identical_weights_and_survives_a_killed_o
         for seen in c.wait_for({"a": 1, "b": 1, "c": 1}).values():
             assert seen == digests(w1)
 
-        killer = threading.Timer(0.7, c.kill, args=("b",))  # the middle of the chain dies mid-push
-        killer.start()
+        killer = c.kill_once_started("b")  # the middle of the chain dies mid-push
         try:
             start = time.monotonic()
             source = CountedPasses(list(w2.items()))
@@ -70,7 +69,7 @@ def test_push_to_three_rollouts_relays_identical_weights_and_survives_a_killed_o
         assert report.receivers_ok == ["a", "c"] and report.receivers_dropped == ["b"], report
         assert report.resent == ["c"], report  # c lost its predecessor: served again within the same push
         assert source.passes == report.learner_sends == 2  # the resend read the source again (a new gather)
-        assert elapsed < CFG["timeout_s"] + 1, elapsed
+        assert elapsed < CFG["timeout_s"], elapsed  # b's sockets closed: no deadline was waited out
         for seen in c.wait_for({"a": 2, "c": 2}).values():
             assert seen == digests(w2)
         assert set(s.sender.receivers()) == {"a", "c"}

@@ -5,7 +5,6 @@ Process tests use the real learner and rollout processes of ``weight_harness``.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import msgspec
@@ -134,17 +133,21 @@ def test_receiver_without_learner_never_blocks() -> None:
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    config = WeightSyncConfig(join_retry_s=0.05)
+    # the bounds: far above what a loaded machine adds to a call that does not wait, far below every deadline
+    # the receiver could wait out instead (its transfer, ready and peer timeouts, the default 30, 120 and 10 s)
+    assert min(config.timeout_s, config.ready_timeout_s, config.peer_timeout_s) >= 10
     receiver = WeightReceiver(f"tcp://127.0.0.1:{port}", "lonely", lambda named, version, incarnation: None,
-                              config=WeightSyncConfig(join_retry_s=0.05)).start()
+                              config=config).start()
     try:
         start = time.monotonic()
         assert receiver.poll() is None and not receiver.connected and receiver.version is None
-        assert time.monotonic() - start < 0.1
+        assert time.monotonic() - start < 2.0
         time.sleep(0.3)  # a few Join attempts with backoff
     finally:
         start = time.monotonic()
         receiver.close()
-        assert time.monotonic() - start < 2.0
+        assert time.monotonic() - start < 5.0
 
 
 def test_curve_keeps_unknown_rollouts_out_of_the_weight_sync() -> None:
@@ -199,6 +202,7 @@ def test_curve_keeps_unknown_rollouts_out_of_the_weight_sync() -> None:
 # ====================================================================================== processes
 
 
+@pytest.mark.e2e
 def test_two_receivers_get_identical_tensors() -> None:
     w0 = make_weights(0)
     with cluster() as c, learner(w0, 0) as s:
@@ -215,6 +219,7 @@ def test_two_receivers_get_identical_tensors() -> None:
         assert s.sender.receivers() == {"r0": 1, "r1": 1}
 
 
+@pytest.mark.e2e
 def test_chunk_smaller_than_one_tensor() -> None:
     """6 MB tensor in 1 MB units (sliced), plus small tensors packed around it."""
     w0 = make_weights(0, big_mb=6.0)
@@ -227,6 +232,7 @@ def test_chunk_smaller_than_one_tensor() -> None:
         assert c.wait_for({"r0": 1})["r0"] == digests(w1)
 
 
+@pytest.mark.e2e
 def test_late_joiner_gets_current_version_immediately() -> None:
     with cluster() as c, learner(make_weights(0), 0) as s:
         c.receiver(s.endpoint, "r0")
@@ -238,6 +244,7 @@ def test_late_joiner_gets_current_version_immediately() -> None:
         assert c.wait_for({"late": 3})["late"] == digests(w3)
 
 
+@pytest.mark.e2e
 def test_killed_receiver_is_dropped_and_the_push_goes_on() -> None:
     with cluster() as c, learner(make_weights(0), 0) as s:
         c.receiver(s.endpoint, "r0")
@@ -247,12 +254,13 @@ def test_killed_receiver_is_dropped_and_the_push_goes_on() -> None:
         c.kill("victim")
         start = time.monotonic()
         report = s.push(make_weights(1), 1)
-        assert time.monotonic() - start < CFG["timeout_s"] + 1
+        assert time.monotonic() - start < CFG["timeout_s"]  # its sockets closed: no deadline was waited out
         assert report.receivers_ok == ["r0"] and report.receivers_dropped == ["victim"], report
         c.wait_for({"r0": 1})
         assert set(s.sender.receivers()) == {"r0"}
 
 
+@pytest.mark.e2e
 def test_receiver_killed_during_a_transfer() -> None:
     """A rollout dies while receiving (10 MB, more than the socket buffers hold, consumed slowly): the push
     completes for the other one within the timeout."""
@@ -262,18 +270,18 @@ def test_receiver_killed_during_a_transfer() -> None:
         c.receiver(s.endpoint, "slow", slow_s=0.05)  # ~50 tensors -> ~2.5 s inside apply
         c.wait_for({"r0": 0, "slow": 0}, timeout=40)
         s.wait_acked({"r0": 0, "slow": 0})
-        killer = threading.Timer(0.7, c.kill, args=("slow",))
-        killer.start()
+        killer = c.kill_once_started("slow")  # mid-transfer: it has started to take the push
         try:
             start = time.monotonic()
             report = s.push(w1, 1)
         finally:
             killer.join()
-        assert time.monotonic() - start < CFG["timeout_s"] + 1
+        assert time.monotonic() - start < CFG["timeout_s"]  # its sockets closed: no deadline was waited out
         assert report.receivers_ok == ["r0"] and report.receivers_dropped == ["slow"], report
         assert c.wait_for({"r0": 1})["r0"] == digests(w1)
 
 
+@pytest.mark.e2e
 def test_restarted_receiver_rejoins_with_current_weights() -> None:
     with cluster() as c, learner(make_weights(0), 0) as s:
         c.receiver(s.endpoint, "r0")
@@ -288,6 +296,7 @@ def test_restarted_receiver_rejoins_with_current_weights() -> None:
         assert s.push(make_weights(6), 6).receivers_ok == ["r0"]
 
 
+@pytest.mark.e2e
 def test_apply_failure_is_reported_and_the_pair_survives() -> None:
     with cluster() as c, learner(make_weights(0), 0) as s:
         c.receiver(s.endpoint, "bad", poll_mode=True, fail_names=("layer.0.mask",))
@@ -299,6 +308,7 @@ def test_apply_failure_is_reported_and_the_pair_survives() -> None:
         assert set(s.sender.receivers()) == {"bad"}
 
 
+@pytest.mark.e2e
 def test_restarted_sender_on_same_ports_resyncs_receivers() -> None:
     with cluster() as c:
         endpoint, control_port, store_port = c.sender_process(0, 0, seed=0, version=0)
@@ -315,6 +325,7 @@ def test_restarted_sender_on_same_ports_resyncs_receivers() -> None:
             assert report.receivers_ok == ["r0", "r1"], report
 
 
+@pytest.mark.e2e
 def test_sender_killed_during_a_transfer_then_restarted() -> None:
     """The learner dies while a rollout is receiving: the rollout drops the broken pair, re-joins the
     successor on the same ports and gets its weights."""

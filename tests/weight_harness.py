@@ -3,7 +3,7 @@
 The learner (`WeightSender`) runs in the test process (or in a child where it must be killed) and every
 rollout (`WeightReceiver`) in its own spawned process on 127.0.0.1 with OS-chosen ports. Rollouts report a
 digest of every tensor they were given, so "identical to the sender's" is checked bit for bit. Children
-are SIGKILLed in ``finally`` whatever happens, and all timeouts are short.
+are SIGKILLed in ``finally`` whatever happens.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import threading
 import time
 from contextlib import contextmanager
 from typing import Iterator
@@ -21,13 +22,14 @@ from typing import Iterator
 import pytest
 import torch
 
-# Fast failure detection so the whole file stays well under a minute, with enough slack for a loaded
 from drmas.config.weights import WeightSyncConfig
 from drmas.weights import PushReport, WeightReceiver, WeightSender
 
-# Fast failure detection so the whole file stays well under a minute, with enough slack for a loaded
-# 2-core machine (a starved process must not look dead).
-CFG = dict(timeout_s=5.0, ready_timeout_s=5.0, join_retry_s=0.2, heartbeat_s=0.25, peer_timeout_s=3.0)
+# Fast detection of a silent peer (heartbeats), so the tests that kill one stay short, with slack for a loaded
+# 2-core machine (a starved process must not look dead). The deadlines of a transfer and of a rollout getting
+# ready are long: a killed peer's sockets close at once, so no passing test waits for them, and a slow machine
+# must not run them out.
+CFG = dict(timeout_s=20.0, ready_timeout_s=30.0, join_retry_s=0.2, heartbeat_s=0.25, peer_timeout_s=3.0)
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -61,7 +63,7 @@ def make_weights(seed: int, big_mb: float = 0.0, layers: int = 0) -> dict[str, t
 
 
 
-STARTED = -2  # a slow rollout reports this "version" when it starts applying
+STARTED = -2  # a slow rollout reports this "version" once it has taken the first tensor of a push
 
 
 def _receiver_main(
@@ -72,14 +74,14 @@ def _receiver_main(
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {rid} %(message)s")  # shown with pytest -s
 
     def apply(named, version: int, incarnation: str) -> None:
-        if slow_s:
-            results.put((rid, STARTED, {}))
         seen = {}
         for name, tensor in named:
             if name in fail_names:
                 raise KeyError(f"unknown weight {name}")
             seen[name] = digest(tensor)  # consume now: the tensor is only valid until the next one
             if slow_s:
+                if len(seen) == 1:  # the first tensor is in: the transfer is under way
+                    results.put((rid, STARTED, {}))
                 time.sleep(slow_s)
         results.put((rid, version, seen))
 
@@ -143,6 +145,15 @@ class Cluster:
         if proc.is_alive():
             os.kill(proc.pid, signal.SIGKILL)
         proc.join(5)
+
+    def kill_once_started(self, name: str, timeout: float = 60.0) -> threading.Thread:
+        """Kill slow rollout ``name`` as soon as it reports the first tensor of a push (STARTED): in the middle of
+        its transfer, however fast or slow the machine (a timer could fire before the transfer began, or after
+        it ended). Join the returned thread after the push."""
+        killer = threading.Thread(target=lambda: (self.wait_for({name: STARTED}, timeout), self.kill(name)),
+                                  name=f"kill-{name}", daemon=True)
+        killer.start()
+        return killer
 
     def kill_all(self) -> None:
         for name in list(self.children):
