@@ -1,5 +1,5 @@
-# Quick start: `make run` (train the quick-start config on CPU), `make test-fast` (the inner loop: the suite without
-# its end-to-end runs, a few minutes) and `make test` (the full suite, the gate).
+# Quick start: `make run` (train the quick-start config on CPU), `make test-fast` (the inner loop: the suite but
+# its end-to-end runs, under 3 minutes) and `make test` (the full suite, the gate).
 # Each creates .venv and installs on first use; torch==2.13.0 is installed first so pip takes the CPU wheel.
 VENV ?= .venv
 PY := $(VENV)/bin/python
