@@ -156,7 +156,7 @@ def where(stack: traceback.StackSummary) -> str:
 
 _STDLIB = tuple({sysconfig.get_path(key) + os.sep for key in ("stdlib", "platstdlib")})
 _PACKAGES = tuple({sysconfig.get_path(key) + os.sep for key in ("purelib", "platlib")})
-_DRIVER = os.path.dirname(os.path.abspath(__file__)) + os.sep  # drmas/rollout
+_DRIVER = os.path.dirname(os.path.abspath(__file__)) + os.sep  # drmas/episodes, the driver
 
 
 def _ours_or_stdlib(filename: str) -> bool:

@@ -28,12 +28,13 @@ POLL_S = 1.0
 GRACE_S = 120.0  # a learner's checkpoint of a large model takes a while; the launcher's own grace is 60 s
 
 
-def _start_time(pid: int) -> Optional[str]:
-    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat), None if there is
-    no such process. The command name (field 2) may hold spaces and parentheses: split after its last ')'."""
+def _stat(pid: int) -> Optional[tuple[str, str]]:
+    """(state, start time in clock ticks since boot) of a process: fields 3 and 22 of /proc/<pid>/stat; None if
+    there is no such process. The command name (field 2) may hold spaces and parentheses: split after its last ')'."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[19]
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return fields[0], fields[19]
     except (OSError, IndexError):
         return None
 
@@ -41,7 +42,8 @@ def _start_time(pid: int) -> Optional[str]:
 def launcher_identity(pid: Optional[int] = None) -> str:
     """What a child needs to recognise process `pid` (this one by default) later: '<pid>:<start time>'."""
     pid = os.getpid() if pid is None else pid
-    return f"{pid}:{_start_time(pid) or ''}"
+    stat = _stat(pid)
+    return f"{pid}:{stat[1] if stat else ''}"
 
 
 def launcher_env() -> dict[str, str]:
@@ -56,14 +58,8 @@ def launcher_alive(identity: str) -> bool:
         pid = int(pid_text)
     except ValueError:
         return True  # not ours to judge: never stop a process on a malformed variable
-    now = _start_time(pid)
-    if now is None or (started and now != started):
-        return False
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            return not any(line.startswith("State:") and "Z" in line.split()[1:2] for line in handle)
-    except OSError:
-        return False
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z" and (not started or stat[1] == started)
 
 
 class LauncherWatch:
