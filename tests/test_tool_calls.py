@@ -17,7 +17,7 @@ from drmas.config import ConfigError
 from drmas.engines.embedded import EmbeddedEngine
 from drmas.mas.base import AgentTurn
 from drmas.core.tool_calls import TOOL_PARSERS, ParsedCall, knows_tools, parse_hermes, prompt_ids
-from drmas.episodes import EpisodeRunner
+from drmas.episodes.submission import encode
 
 TOOL = {"type": "function", "function": {"name": "add", "description": "Add two integers.",
                                          "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}
@@ -93,8 +93,8 @@ def test_the_runner_renders_a_turns_tools(tiny_model):
     model, tokenizer = tiny_model
     engine = EmbeddedEngine("m", model, tokenizer, seed=0)
     turn = AgentTurn("solver", HISTORY, tools=[TOOL])
-    assert EpisodeRunner._encode(engine, turn) == prompt_ids(tokenizer, HISTORY, [TOOL])
-    assert EpisodeRunner._encode(engine, AgentTurn("solver", HISTORY[:1])) != prompt_ids(tokenizer, HISTORY[:1], [TOOL])
+    assert encode(engine, turn) == prompt_ids(tokenizer, HISTORY, [TOOL])
+    assert encode(engine, AgentTurn("solver", HISTORY[:1])) != prompt_ids(tokenizer, HISTORY[:1], [TOOL])
 
 
 def test_an_unknown_tool_parser_is_a_config_error_naming_the_key():

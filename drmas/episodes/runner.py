@@ -23,13 +23,9 @@ The result is one `Sample` per agent call of a model, rewards filled in (`drmas.
 drives a fixed set of episodes to their end (training steps, evaluation). `stream` keeps a rollout process busy instead: before every step it asks
 for new episodes, so finished ones are replaced at once, and hands each episode over the moment it ends.
 
-Weights may only change on an engine with nothing in progress, or a response would mix versions. The
-`on_round` hook runs between engine steps; to load weights there, a caller checks `in_progress(model)` and,
-while requests run, `hold(model)` (submit nothing new, let the running ones finish) or `interrupt(model)`
-(abort them; they are submitted again afterwards, with their own seeds, so nothing else changes), then
-`release(model)` once the weights are in. A model here is what an agent names (`AgentSpec.model`): several
-models may share one engine (LoRA adapters of one base, `AgentSpec.engine`), and holding, interrupting or
-counting one of them touches only its own requests on that engine.
+Weights may only change on an engine with nothing in progress. The `on_round` hook runs between engine steps;
+the engine side, with the hold, interrupt and release that loading weights there needs, is
+`drmas.episodes.submission`.
 
 A failing plugin costs only its episode: an exception from the orchestra's generator (or a turn it yields
 for an unknown agent or tool, or an outcome that cannot be trained on), from a scripted agent, or from a
@@ -53,15 +49,14 @@ import time
 from collections import defaultdict
 from typing import Callable, Mapping, Optional, Sequence
 
-from drmas.core.tool_calls import prompt_ids
-from drmas.engines.base import Engine, Generation, SamplingParams, request_level
-from drmas.mas.base import PENDING, AgentTurn, EpisodeOutcome, Orchestra, Reply, ToolCall
+from drmas.engines.base import Engine
+from drmas.mas.base import PENDING, EpisodeOutcome, Orchestra, ToolCall
 from drmas.episodes.bounds import DEFAULT_BOUNDS, REASONS, SLOW_CALL_S, EpisodeBounds
 from drmas.episodes.failures import EpisodeFailure, EpisodeFailures, FailureBook, ToolFailed, call_isolated
 from drmas.episodes.plugin_thread import PluginThread, Stuck
-from drmas.episodes.samples import Call, episode_samples
+from drmas.episodes.samples import episode_samples
 from drmas.episodes.stepping import Ended, LiveEpisode, Stepper, at, generator_stack
-from drmas.episodes.turn_sampling import turn_sampling
+from drmas.episodes.submission import EngineRequests, returned
 from drmas.episodes.types import AgentSpec, EpisodeRequest, EpisodeResult
 
 log = logging.getLogger(__name__)
@@ -87,16 +82,14 @@ class EpisodeRunner:
         continues exactly as an uninterrupted one would.
 
         `on_round`, if given, is called before every engine step (never during one): the place to load new
-        weights, under the rule in the module docstring. `barrier` makes every step wait for all submitted
+        weights, under the rule in `drmas.episodes.submission`. `barrier` makes every step wait for all submitted
         turns before any episode goes on (rounds). `max_consecutive_failures`: episodes failing in a row, none
         ending well, after which the runner raises `EpisodeFailures` (`rollout.max_consecutive_episode_failures`).
         `bounds`: how long an episode may run (`drmas.episodes.bounds`, `rollout.max_episode_turns` and the rest)."""
         missing = [a for a in orchestra.agents if a not in agents]
         if missing:
             raise ValueError(f"the orchestra needs agents {missing} that are not configured")
-        for name, spec in agents.items():
-            if spec.script is None and spec.engine_key not in engines:
-                raise ValueError(f"agent {name!r} uses model {spec.model!r} which has no engine")
+        self._engines = EngineRequests(engines, agents, seed)
         self.orchestra = orchestra
         self.tools = dict(getattr(orchestra, "tools", None) or {})
         self.engines = engines
@@ -112,14 +105,7 @@ class EpisodeRunner:
         self._plugins = PluginThread(slow_after_s=SLOW_CALL_S)
         self._stepper = Stepper(orchestra, self._orchestra_name, agents, self.tools)
         self._next_deadline = float("inf")  # the earliest deadline of a live episode (or later)
-        self._requests = {key: request_level(engine) for key, engine in engines.items()}
-        self._engine_of = {spec.model: spec.engine_key for spec in agents.values() if spec.script is None}
-        # models that share their engine with other models: their own requests are counted apart
-        keys = list(self._engine_of.values())
-        self._shared = {model for model, key in self._engine_of.items() if keys.count(key) > 1}
-        self._held: set[str] = set()
         self._waiting: list[LiveEpisode] = []  # episodes whose turn is not submitted yet (or that wait on a tool)
-        self._running: dict[str, LiveEpisode] = {}  # engine request id -> episode
 
     def run(self, requests: Sequence[EpisodeRequest]) -> list[EpisodeResult]:
         """Run every episode to its end; results come back in request order."""
@@ -148,7 +134,8 @@ class EpisodeRunner:
         either callback (or `on_round`), or `EpisodeFailures`, ends the stream; episodes still live are then
         abandoned (and their running requests aborted).
         """
-        self._waiting, self._running, self._held = [], {}, set()
+        self._waiting = []
+        self._engines.reset()
         ended = 0
 
         def finished(result: EpisodeResult) -> None:
@@ -158,7 +145,7 @@ class EpisodeRunner:
 
         more = True
         try:
-            while more or self._waiting or self._running:
+            while more or self._waiting or self._engines:
                 if more:
                     new = admit(self.live)
                     more = new is not None
@@ -167,22 +154,19 @@ class EpisodeRunner:
                 if not self.live:
                     continue
                 self._expire(finished)
-                if not self._running:  # engines idle: let outside answers gather before the next step
+                if not self._engines:  # engines idle: let outside answers gather before the next step
                     self._wait_outside(finished)
                 before = ended
                 self._waiting = self._call_tools(self._waiting, finished)
-                if more and ended > before and not self._running:
+                if more and ended > before and not self._engines:
                     continue  # episodes ended on a tool's answer: start their successors in this step, not the next
                 self._submit_waiting(finished)
                 if self.on_round is not None:
                     self.on_round()
-                self._step_engines(finished)
+                for item, model, generation in self._engines.step(self.barrier):
+                    self._advance(item, returned(item, model, generation), self._waiting, finished)
         finally:
-            for key, engine in self._requests.items():
-                running = [rid for rid, item in self._running.items() if self._engine_key(item) == key]
-                if running:
-                    engine.abort(running)
-            self._running = {}
+            self._engines.abort_all()
 
     def _start(self, req: EpisodeRequest, on_result: Callable[[EpisodeResult], None]) -> None:
         item = LiveEpisode(req, self.bounds.start(time.monotonic()))
@@ -225,90 +209,39 @@ class EpisodeRunner:
     @property
     def live(self) -> int:
         """Episodes started and not ended."""
-        return len(self._waiting) + len(self._running)
+        return len(self._waiting) + len(self._engines)
 
-    # ---- weights may change only on an idle engine (see the module docstring) ---------------------------
+    # ---- weights may change only on an idle engine (`drmas.episodes.submission`) -------------------------
 
     def in_progress(self, model: str) -> int:
-        """Requests of `model` whose generation has started and not ended: its engine's, or, on an engine
-        shared with other models (adapters), the requests of `model` submitted and not returned."""
-        if model in self._shared:
-            return sum(self._model_of(item) == model for item in self._running.values())
-        return self._requests[self._engine_of[model]].in_progress()
+        """Requests of `model` whose generation has started and not ended."""
+        return self._engines.in_progress(model)
 
     def hold(self, model: str) -> None:
         """Submit nothing new to `model`'s engine until `release`: the running requests finish, then it idles."""
-        self._held.add(model)
+        self._engines.hold(model)
 
     def release(self, model: str) -> None:
-        self._held.discard(model)
+        self._engines.release(model)
 
     def interrupt(self, model: str) -> None:
         """Abort what runs on `model`'s engine; those turns go back to be submitted again (same seeds)."""
-        aborted = [rid for rid, item in self._running.items() if self._model_of(item) == model]
-        if aborted:
-            self._requests[self._engine_of[model]].abort(aborted)
-        for rid in aborted:
-            item = self._running.pop(rid)
-            item.submitted = ""
-            self._waiting.append(item)
+        self._waiting.extend(self._engines.interrupt(model))
 
     # ---- the loop ------------------------------------------------------------------------------------
-
-    def _model_of(self, item: LiveEpisode) -> str:
-        return self.agents[item.turn.agent].model
-
-    def _engine_key(self, item: LiveEpisode) -> str:
-        return self.agents[item.turn.agent].engine_key
 
     def _submit_waiting(self, on_result: Callable[[EpisodeResult], None]) -> None:
         """Submit every waiting agent turn whose engine is not held; a turn the engine refuses (or whose
         messages cannot be encoded) is thrown into its episode."""
         still_waiting: list[LiveEpisode] = []
         for item in self._waiting:
-            if isinstance(item.turn, ToolCall):  # waits on a tool answer that is not there yet
+            if not self._engines.can_submit(item):
                 still_waiting.append(item)
                 continue
-            model = self._model_of(item)
-            if model in self._held:
-                still_waiting.append(item)
-                continue
-            key = self._engine_key(item)
-            try:
-                prompt = self._encode(self.engines[key], item.turn)
-                params = self._sampling(item)
-                self._requests[key].submit(item.request_id, prompt, params)
-            except Exception as exc:
-                refused = exc
-            else:
-                item.submitted, item.prompt_ids, item.params = item.request_id, prompt, params
-                self._running[item.submitted] = item
-                continue
-            # outside the handler: what the episode raises next is its own error, not one "during" this one
-            self._advance(item, None, still_waiting, on_result, error=refused)
+            refused = self._engines.submit(item)
+            if refused is not None:
+                self._advance(item, None, still_waiting, on_result, error=refused)
         self._waiting = still_waiting
-
-    def _step_engines(self, on_result: Callable[[EpisodeResult], None]) -> None:
-        """Step every engine with requests; episodes whose turn came back go on (all at once with `barrier`)."""
-        finished: list[tuple[LiveEpisode, str, Generation]] = []
-        while True:
-            for key, engine in self._requests.items():
-                if not any(self._engine_key(item) == key for item in self._running.values()):
-                    continue
-                for request_id, generation in engine.step():
-                    item = self._running.pop(request_id)
-                    finished.append((item, self._model_of(item), generation))
-            if not self.barrier or not self._running:
-                break
-        for item, model, generation in finished:
-            turn: AgentTurn = item.turn  # type: ignore[assignment]
-            item.calls.append(Call(turn.agent, model, item.prompt_ids, generation, item.params.temperature))
-            item.submitted = ""
-            reply: object = generation.text
-            if turn.detailed:
-                reply = Reply(generation.text, len(item.prompt_ids), len(generation.token_ids),
-                              generation.finish_reason, generation.version)
-            self._advance(item, reply, self._waiting, on_result)
 
     def _call_tools(self, live: list[LiveEpisode], on_result: Callable[[EpisodeResult], None]) -> list[LiveEpisode]:
         """Answer every pending tool call, one batched call per tool, until each live episode waits on an
@@ -364,15 +297,6 @@ class EpisodeRunner:
                 gone = set(map(id, items))
                 self._waiting = [item for item in self._waiting if id(item) not in gone]
 
-    def _sampling(self, item: LiveEpisode) -> SamplingParams:
-        spec = (item.request.agents or self.agents)[item.turn.agent]  # type: ignore[union-attr]
-        return turn_sampling(spec.sampling, item.turn.sampling, self.seed,  # type: ignore[union-attr]
-                             f"{item.request.episode_id}:{len(item.calls)}")
-
-    @staticmethod
-    def _encode(engine: Engine, turn: AgentTurn) -> list[int]:
-        return prompt_ids(engine.tokenizer, turn.messages, turn.tools)
-
     def _advance(
         self, item: LiveEpisode, response: object, live: list[LiveEpisode], on_result: Callable[[EpisodeResult], None],
         error: Optional[Exception] = None,
@@ -425,14 +349,13 @@ class EpisodeRunner:
         now = time.monotonic()
         if now < self._next_deadline:
             return
-        for item in [item for item in (*self._waiting, *self._running.values()) if now >= item.budget.deadline]:
+        for item in [item for item in (*self._waiting, *self._engines.running) if now >= item.budget.deadline]:
             if item.submitted:
-                del self._running[item.submitted]
-                self._requests[self._engine_key(item)].abort([item.submitted])
+                self._engines.abort(item)
             else:
                 self._waiting.remove(item)
             self._end_late(item, on_result)
-        live = (*self._waiting, *self._running.values())
+        live = (*self._waiting, *self._engines.running)
         self._next_deadline = min((item.budget.deadline for item in live), default=float("inf"))
 
     def _end_late(self, item: LiveEpisode, on_result: Callable[[EpisodeResult], None]) -> None:
