@@ -3,7 +3,7 @@
 The real `EpisodeRunner` drives a config's episodes (default: the async smoke run's two tiny models) and
 publishes each finished one through a real `BufferProducer` to a real `TrajectoryBuffer` (in a thread), as a
 rollout process does. Wall-clock timers wrap what happens around generation: chat templating of each turn's
-prompt (`EpisodeRunner._encode`), grading (`answers_match`), sample assembly (`EpisodeRunner._samples`) and
+prompt (`drmas.episodes.submission.encode`), grading (`answers_match`), sample assembly (`episode_samples`) and
 publishing (encode + send + acknowledgements). Each prints as a share of the whole stream; the rest is
 generation and the orchestra's own logic. (cProfile is no use here: it inflates Python-heavy parts such as
 the grader's sympy many times over.)
@@ -20,7 +20,7 @@ from collections import Counter
 from drmas import assembly
 from drmas.buffer import BufferConfig, BufferProducer, TrajectoryBuffer
 from drmas.config.load import load_config
-from drmas.episodes import EpisodeRequest, EpisodeRunner
+from drmas.episodes import EpisodeRequest, EpisodeRunner, isolation, submission
 from drmas.tasks import grading
 from drmas.tasks.sampler import ProblemSampler
 
@@ -76,8 +76,8 @@ def main() -> None:
 
     try:
         runner.run([EpisodeRequest("warm-e0", "warm", sampler.next(1)[0])])  # first forward passes, imports
-        EpisodeRunner._encode = staticmethod(timed(EpisodeRunner._encode, "chat templating"))
-        EpisodeRunner._samples = timed(EpisodeRunner._samples, "sample assembly")
+        submission.encode = timed(submission.encode, "chat templating")
+        isolation.episode_samples = timed(isolation.episode_samples, "sample assembly")
         grading.answers_match = timed(grading.answers_match, "grading")
         start = time.perf_counter()
         runner.stream(admit, timed(publish, "publish to the socket"))
