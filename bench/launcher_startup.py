@@ -46,9 +46,9 @@ def main() -> None:
     parser.add_argument("--num-cpus", type=int, default=8, help="logical CPUs of the local Ray")
     args = parser.parse_args()
     from drmas import assembly
-    from drmas.config import load_config
+    from drmas.config import read_config
 
-    cfg = load_config(ROOT / "configs" / "smoke_async.yaml")
+    cfg = read_config(ROOT / "configs" / "smoke_async.yaml")
     for model in cfg.models:  # built before either run, so neither pays for it
         assembly.model_path(cfg, model)
     results = {}

@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drmas import assembly  # noqa: E402
-from drmas.config import load_config  # noqa: E402
+from drmas.config import read_config  # noqa: E402
 from drmas.config.weights import WeightSyncConfig  # noqa: E402
 from drmas.core.sample import Sample  # noqa: E402
 from drmas.engines.base import AdapterSlot, SamplingParams  # noqa: E402
@@ -61,7 +61,7 @@ def config(rank: int, agents: int, *extra: str):
     overrides = ["models.base.builtin=smollm2-135m-instruct", "models.base.adapters.solver.optim=null",
                  *(f"models.base.adapters.{a}.rank={rank}" for a in names),
                  *(f"models.base.adapters.{a}.alpha={2 * rank}" for a in names), *extra]
-    return load_config(ROOT / "configs" / "smoke_lora.yaml", overrides)
+    return read_config(ROOT / "configs" / "smoke_lora.yaml", overrides)
 
 
 def full_trainer(path: Path) -> PolicyTrainer:

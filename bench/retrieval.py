@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 
 from drmas import assembly
-from drmas.config import load_config
+from drmas.config import read_config
 from drmas.retrieval.factory import build_retriever
 
 
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--split", default="test")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    cfg = load_config(args.config, args.overrides)
+    cfg = read_config(args.config, args.overrides)
     task = assembly.build_task(cfg)
     problems = list(task.split(args.split))
     passages = task.passages()

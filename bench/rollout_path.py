@@ -19,7 +19,7 @@ from collections import Counter
 
 from drmas import assembly
 from drmas.buffer import BufferConfig, BufferProducer, TrajectoryBuffer
-from drmas.config.load import load_config
+from drmas.config.load import read_config
 from drmas.episodes import EpisodeRequest, EpisodeRunner, isolation, submission
 from drmas.tasks import grading
 from drmas.tasks.sampler import ProblemSampler
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--config", default="configs/smoke_async.yaml")
     parser.add_argument("--groups", type=int, default=16, help="GRPO groups to run (after one warm-up episode)")
     args = parser.parse_args()
-    cfg = load_config(args.config)
+    cfg = read_config(args.config)
     task = assembly.build_task(cfg)
     sampler = ProblemSampler(task.split("train"), seed=0)
     engines = {m: assembly.build_engine(cfg, m, assembly.model_path(cfg, m), 0)

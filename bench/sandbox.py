@@ -1,6 +1,6 @@
-"""Calls per second of the sandbox tool on a trivial program, against bare interpreter starts in the same run.
+"""Calls per second of the sandbox service on a trivial program, against bare interpreter starts in the same run.
 
-For each pool size N, the same number of calls go through `SandboxTool.call_batch` (a working directory,
+For each pool size N, the same number of calls go through `SandboxService.call_batch` (a working directory,
 the launcher, namespaces or seccomp, resource limits, the program, the sweep and cleanup) and through a
 bare ``python -I -c pass`` subprocess per call on N threads: the ratio is the sandbox's rate over that
 baseline, and the per-call overhead is the difference of their mean latencies at N=1. Run once with the
@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from drmas.config.sandbox import SandboxConfig
-from drmas.tools import SandboxTool, SandboxUnavailable
+from drmas.tools import SandboxService, SandboxUnavailable
 
 PROGRAM = "pass"
 
@@ -41,9 +41,9 @@ def bare(calls: int, workers: int) -> float:
 def sandboxed(calls: int, workers: int, methods: list[str]) -> tuple[float, str]:
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o711)  # as the default tmp_dir: the program's uid may search it, also without namespaces
-        with SandboxTool(SandboxConfig(workers=workers, network_isolation=methods, tmp_dir=tmp)) as tool:
+        with SandboxService(SandboxConfig(workers=workers, network_isolation=methods, tmp_dir=tmp)) as service:
             start = time.perf_counter()
-            results = tool.call_batch([PROGRAM] * calls)
+            results = service.call_batch([PROGRAM] * calls)
             elapsed = time.perf_counter() - start
     bad = [r for r in results if not r.ok]
     if bad:

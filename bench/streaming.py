@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drmas import assembly  # noqa: E402
-from drmas.config import load_config  # noqa: E402
+from drmas.config import read_config  # noqa: E402
 from drmas.episodes import EpisodeRequest, EpisodeRunner  # noqa: E402
 from drmas.tasks.sampler import ProblemSampler  # noqa: E402
 
@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    cfg = load_config(args.config, ["rollout.engine=vllm", "system.max_rounds=2", *args.overrides])
+    cfg = read_config(args.config, ["rollout.engine=vllm", "system.max_rounds=2", *args.overrides])
     task = assembly.build_task(cfg)
     engines = {m: assembly.build_engine(cfg, m, assembly.model_path(cfg, m), cfg.trainer.seed) for m in cfg.models}
     group = cfg.rollout.group_size

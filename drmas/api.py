@@ -4,7 +4,7 @@ A plugin is a module listed in the config's `plugins` (or installed with a `drma
 registers components by name; a config then chooses them like the built-ins:
 
 * an **orchestra** (`system.name`): the turn logic of one episode, a generator that yields `AgentTurn`s (sent
-  back the reply text) and `ToolCall`s (sent back the tool's result) and returns an `EpisodeOutcome`.
+  back the reply text) and `ServiceCall`s (sent back the service's result) and returns an `EpisodeOutcome`.
   Registered with `@ORCHESTRAS.register(name, settings=MySystemSettings)`; built as
   ``factory(settings, agents_by_role, task)``, where `settings` is the filled `system` section (an instance of
   its settings class) and `agents_by_role` maps each configured role to the agent name that plays it. A
@@ -14,16 +14,17 @@ registers components by name; a config then chooses them like the built-ins:
   registered with `@AGENT_ROLES.register(name)`;
 * a **task** (`task.name`): problems with a train/test split and a grader, ``factory(settings) -> Task``,
   registered with `@TASKS.register(name, settings=MyTaskSettings)`;
-* **tools** (objects with `call_batch(requests) -> results`, batched across episodes by the driver), which
-  an orchestra owns in its `tools` mapping; the sandbox for model-written code is one (`SandboxTool`, and
-  `AssertTool` over it to run a solution against assert statements; docs/sandbox.md), its limits a
-  `SandboxConfig` the system's settings embed (``sandbox: SandboxConfig = help_field(SandboxConfig, ...)``
-  makes `system.sandbox.*` keys, typed, checked and listed like the rest);
+* **services** (`Service`: objects with `call_batch(requests) -> results`, batched across episodes by the
+  driver), which an orchestra owns in its `services` mapping; the sandbox for model-written code is one
+  (`SandboxService`, and `AssertService` over it to run a solution against assert statements; docs/sandbox.md),
+  its limits a `SandboxConfig` the system's settings embed (``sandbox: SandboxConfig = help_field(SandboxConfig,
+  ...)`` makes `system.sandbox.*` keys, typed, checked and listed like the rest);
 * **engines** (`rollout.engine`, `ENGINES`; `traits=EngineAbilities(...)` declares what one can do beyond the
   `Engine` protocol: adapters, engine arguments, top-p truncated log-probs, a package it needs) and **retrievers** (`retrieval.backend`, `RETRIEVERS`);
 * **tool-call parsers** (`TOOL_PARSERS`: a reply's text -> its content and `ParsedCall`s), for models whose
   template writes calls in another format than the built-in `hermes`. An agent is offered functions by
-  `AgentTurn(..., tools=[...])` (OpenAI's definitions, rendered by the chat template).
+  `AgentTurn(..., tools=[...])` (OpenAI's definitions, rendered by the chat template). "Tool" in drmas means
+  this, the functions a model calls; what the driver batches for an orchestra is a service.
 
 Settings classes are dataclasses subclassing `SystemSettings` / `TaskSettings`, every field declared with
 `help_field(default, help)`, checks in `problems(where)` (see `Section`; `at_least` and `one_of` help), so
@@ -33,14 +34,20 @@ Rewards: `EpisodeOutcome.reward` is the episode's task reward (held-out accuracy
 turn) and `agent_rewards` (agent name -> reward) override it per turn, in that order of precedence; the
 format penalty is subtracted per invalid turn. Registering a name that is taken (a built-in's) is an error.
 
-Failures: an exception from an orchestra, a scripted role or a tool costs only its episode (dropped, logged,
+Failures: an exception from an orchestra, a scripted role or a service costs only its episode (dropped, logged,
 counted; `rollout.max_consecutive_episode_failures` in a row stop the process); raise `Fatal` where the
 process cannot go on. So does an episode past its bounds (`rollout.max_episode_turns`, `max_episode_tool_calls`,
 `episode_timeout_s`) or plugin code that blocks past `rollout.plugin_call_timeout_s`: plugin code runs in a
 thread of the driver's (an orchestra with `driver_thread = True` runs in the driver's own, unbounded).
+
+Renamed: `Tool`, `ToolCall`, `SandboxTool`, `AssertTool` and an orchestra's `tools` mapping are now `Service`,
+`ServiceCall` (its `tool` field: `service`), `SandboxService`, `AssertService` and `services`; the old names still
+work for one release, with a DeprecationWarning.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import drmas.assembly  # noqa: F401  (registers the built-ins, so a plugin sees the registries every process has)
 from drmas.config.fields import Section, help_field
@@ -59,8 +66,8 @@ from drmas.mas.base import (
     EpisodeOutcome,
     Orchestra,
     Reply,
-    Tool,
-    ToolCall,
+    Service,
+    ServiceCall,
     TurnResult,
 )
 from drmas.core.tool_calls import TOOL_PARSERS, ParsedCall
@@ -70,12 +77,13 @@ from drmas.tasks import TASKS
 from drmas.tasks.base import Problem, Task
 from drmas.tasks.grading import answers_match, extract_boxed, extract_last_number, grade_answer
 from drmas.tasks.qa_grading import exact_match, extract_answer, normalize_answer, score_answer, token_f1
-from drmas.tools import SandboxRequest, SandboxResult, SandboxTool
-from drmas.tools.asserts import AssertReport, AssertRequest, AssertTool
+from drmas.tools import SandboxRequest, SandboxResult, SandboxService
+from drmas.tools.asserts import AssertReport, AssertRequest, AssertService
 
 __all__ = [
     # the orchestra protocol
-    "Orchestra", "EpisodeGenerator", "AgentTurn", "ToolCall", "Tool", "TurnResult", "EpisodeOutcome", "Reply", "PENDING",
+    "Orchestra", "EpisodeGenerator", "AgentTurn", "ServiceCall", "Service", "TurnResult", "EpisodeOutcome", "Reply",
+    "PENDING",
     # role agents
     "RoleAgent", "ScriptedRole", "TeamContext",
     # tasks
@@ -86,8 +94,9 @@ __all__ = [
     "ORCHESTRAS", "AGENT_ROLES", "TASKS", "ENGINES", "RETRIEVERS", "TOOL_PARSERS",
     # tool calling: an AgentTurn's `tools` are rendered by the chat template; a parser finds a reply's calls
     "ParsedCall",
-    # the code-execution sandbox (a tool) and its settings
-    "SandboxTool", "SandboxRequest", "SandboxResult", "AssertTool", "AssertRequest", "AssertReport", "SandboxConfig",
+    # the code-execution sandbox (a service) and its settings
+    "SandboxService", "SandboxRequest", "SandboxResult", "AssertService", "AssertRequest", "AssertReport",
+    "SandboxConfig",
     # engines and retrievers
     "Engine", "EngineAbilities", "Generation", "SamplingParams", "Retriever", "Hit", "Passage",
     # grading helpers: math answers (\\boxed{}, numbers, LaTeX via math-verify) and short QA answers (EM, F1)
@@ -98,3 +107,16 @@ __all__ = [
     # an error that ends the process instead of only the episode it happened in
     "Fatal",
 ]
+
+# the names these had before the orchestra's batched calls were called services (tool now means only an LLM's
+# function calls): still resolved, with a DeprecationWarning, for one release
+_DEPRECATED = {"Tool": "Service", "ToolCall": "ServiceCall", "SandboxTool": "SandboxService",
+               "AssertTool": "AssertService"}
+
+
+def __getattr__(name: str) -> object:
+    new = _DEPRECATED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"drmas.api.{name} is deprecated: use drmas.api.{new}", DeprecationWarning, stacklevel=2)
+    return globals()[new]

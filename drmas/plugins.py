@@ -14,7 +14,7 @@ rank, every rollout, `drmas eval`, the colocated loop), imports them before it r
 with the settings classes they register, so a plugin that cannot be imported (missing module or file, a
 syntax error, an exception while importing, a name it registers twice) is one ConfigError naming the key and
 the plugin, and `drmas run` exits 2 before any process starts. The buffer needs none of a plugin's code: it
-reads its config with `drmas.config.load_config` and does not import them.
+reads its config with `drmas.config.read_config` and does not import them.
 
 A file plugin is imported as a module named after its file (``my_mas.py`` -> ``my_mas``; a name another
 importable module has is refused, rather than shadowing it), so its settings dataclasses and anything it

@@ -218,11 +218,11 @@ def tiny_model_built_on_its_device(model_dir: Path) -> None:
 def evaluation_on_device(model_dir: Path) -> None:
     """A held-out evaluation (episodes through the request level) with its engine on the device."""
     from drmas import assembly
-    from drmas.config.load import load_config
+    from drmas.config.load import read_config
     from drmas.evaluation import heldout_accuracy
     from drmas.episodes import EpisodeRunner
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml", [f"models.policy.path={model_dir}"])
+    cfg = read_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml", [f"models.policy.path={model_dir}"])
     task = assembly.build_task(cfg)
     model, tokenizer = load_model(model_dir)
     with simulated():

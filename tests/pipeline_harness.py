@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from drmas import assembly
-from drmas.config import load_config
+from drmas.config import read_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -26,13 +26,13 @@ SMOKE_ASYNC = ROOT / "configs" / "smoke_async.yaml"
 @pytest.fixture(scope="module")
 def smoke_model() -> Path:
     """Build the smoke model in the session cache before any child process needs it."""
-    return assembly.model_path(load_config(SMOKE), "policy")
+    return assembly.model_path(read_config(SMOKE), "policy")
 
 
 @pytest.fixture(scope="module")
 def smoke_async_models() -> list[Path]:
     """Build both models of configs/smoke_async.yaml before any child process needs them."""
-    cfg = load_config(SMOKE_ASYNC)
+    cfg = read_config(SMOKE_ASYNC)
     return [assembly.model_path(cfg, model) for model in cfg.models]
 
 

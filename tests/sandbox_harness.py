@@ -1,5 +1,5 @@
-"""Helpers of the sandbox tests: the limits they share, a work root every user may search and tools made
-under it, the interpreter the seccomp fallback can run as root, the wrapper that runs a tool's launcher as an
+"""Helpers of the sandbox tests: the limits they share, a work root every user may search and services made
+under it, the interpreter the seccomp fallback can run as root, the wrapper that runs a service's launcher as an
 unprivileged user, and the check that a finished run left no process and no working directory."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from drmas.config.sandbox import SandboxConfig
-from drmas.tools import SandboxTool
+from drmas.tools import SandboxService
 
 # A wall clock that no program of a test runs into unless it is meant to: one that must (an endless loop, a
-# fork bomb, a sleep) runs in a tool with SHORT_TIMEOUT_S; with that limit for every program, a loaded machine
+# fork bomb, a sleep) runs in a service with SHORT_TIMEOUT_S; with that limit for every program, a loaded machine
 # starting Python slowly could time out one that should have ended.
 LIMITS = dict(timeout_s=30.0, cpu_s=5, memory_mb=256, max_processes=8, max_output_kb=64, max_file_mb=1,
               max_disk_mb=4, max_open_files=32, workers=4, tail_chars=2000)
@@ -40,10 +40,10 @@ def searchable_root() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def make_tool(work_root: Path, name: str, **changes) -> SandboxTool:
+def make_service(work_root: Path, name: str, **changes) -> SandboxService:
     root = work_root / name
     root.mkdir(exist_ok=True)
-    return SandboxTool(SandboxConfig(**{**LIMITS, "tmp_dir": str(root), **changes}), where=f"test.{name}")
+    return SandboxService(SandboxConfig(**{**LIMITS, "tmp_dir": str(root), **changes}), where=f"test.{name}")
 
 
 def readable_by_others(path: str) -> bool:
@@ -76,19 +76,19 @@ def nobody_python(directory: Path) -> str:
     return str(wrapper)
 
 
-def leftovers(tool: SandboxTool) -> list[int]:
-    """Processes whose working directory is under the tool's tmp_dir (a run's directory, deleted or not)."""
+def leftovers(service: SandboxService) -> list[int]:
+    """Processes whose working directory is under the service's tmp_dir (a run's directory, deleted or not)."""
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                if os.readlink(f"/proc/{name}/cwd").startswith(tool.config.tmp_dir):
+                if os.readlink(f"/proc/{name}/cwd").startswith(service.config.tmp_dir):
                     found.append(int(name))
             except OSError:
                 pass
     return found
 
 
-def assert_nothing_left(tool: SandboxTool) -> None:
-    assert leftovers(tool) == [], "a process of a finished run is still alive"
-    assert os.listdir(tool.config.tmp_dir) == [], "a working directory was not removed"
+def assert_nothing_left(service: SandboxService) -> None:
+    assert leftovers(service) == [], "a process of a finished run is still alive"
+    assert os.listdir(service.config.tmp_dir) == [], "a working directory was not removed"

@@ -13,7 +13,7 @@ import torch
 from tb_events import tensorboard_scalars
 
 from drmas.colocated import ColocatedRun
-from drmas.config import load_config
+from drmas.config import read_config
 from drmas.runtime.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ SMOKE = ROOT / "configs" / "smoke.yaml"
 
 
 def _cfg(tmp_path, *overrides):
-    return load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'run'}", "logging.tensorboard=false", *overrides])
+    return read_config(SMOKE, [f"trainer.output_dir={tmp_path / 'run'}", "logging.tensorboard=false", *overrides])
 
 
 @pytest.mark.e2e
@@ -52,7 +52,7 @@ def test_steps_change_weights_and_engine_follows(tmp_path):
 def test_running_reward_statistics_reach_tensorboard_and_the_summary(tmp_path, capsys):
     from drmas.runtime.report import print_summary
 
-    cfg = load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'run'}", "logging.tensorboard=true", "trainer.steps=2",
+    cfg = read_config(SMOKE, [f"trainer.output_dir={tmp_path / 'run'}", "logging.tensorboard=true", "trainer.steps=2",
                               "eval.n_problems=0", "models.policy.tiny.prime_steps=0"])
     run = ColocatedRun(cfg, log=lambda *_: None)
     summary = run.run()
@@ -76,7 +76,7 @@ def test_eval_interval_scores_every_version_between_steps_without_changing_train
     plain = ColocatedRun(_cfg(tmp_path / "plain", *quick), log=lambda *_: None)
     plain.run()
     lines = []
-    cfg = load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'run'}", "logging.tensorboard=true", *quick,
+    cfg = read_config(SMOKE, [f"trainer.output_dir={tmp_path / 'run'}", "logging.tensorboard=true", *quick,
                               "eval.interval=1"])
     ColocatedRun(cfg, log=lines.append).run()
     records = [json.loads(line) for line in (tmp_path / "run" / "evals.jsonl").read_text().splitlines()]
@@ -142,7 +142,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     assert resumed.sampler.drawn == 3 * 2  # prompts_per_step=2: the sampler position was restored
 
     straight_dir = tmp_path / "straight"
-    ColocatedRun(load_config(SMOKE, [f"trainer.output_dir={straight_dir}", "logging.tensorboard=false",
+    ColocatedRun(read_config(SMOKE, [f"trainer.output_dir={straight_dir}", "logging.tensorboard=false",
                                      "trainer.steps=3", "eval.n_problems=0"]), **quiet).run()
     straight = read_metrics(straight_dir / "metrics.jsonl")[-1]
     for key in ("reward/solver/mean", "advantage/solver/sq_mean", "loss/policy", "grad_norm/policy"):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from drmas.config import ConfigError, load_config
+from drmas.config import ConfigError, read_config
 from drmas.models.devices import compute_autocast, resolve_device
 from drmas.weights.transport import resolve_backend
 
@@ -36,8 +36,8 @@ def test_auto_means_cpu_here_and_a_gpu_request_is_refused_naming_the_key():
 
 def test_a_malformed_device_is_refused_at_config_time():
     with pytest.raises(ConfigError, match=r"models.policy.device: 'gpu0' is not a device"):
-        load_config(SMOKE, ["models.policy.device=gpu0"])
-    assert load_config(SMOKE, ["models.policy.device=cuda:3"]).models["policy"].device == "cuda:3"
+        read_config(SMOKE, ["models.policy.device=gpu0"])
+    assert read_config(SMOKE, ["models.policy.device=cuda:3"]).models["policy"].device == "cuda:3"
 
 
 @pytest.mark.e2e

@@ -9,11 +9,11 @@ import threading
 import time
 
 import pytest
-from test_episodes import LookUpTwice, RecordingTool, ScriptedEngine, TwoTurns, _requests
+from test_episodes import LookUpTwice, RecordingService, ScriptedEngine, TwoTurns, _requests
 
 from drmas.engines.base import SamplingParams
 from drmas.evaluation import heldout_accuracy
-from drmas.mas.base import AgentTurn, ToolCall
+from drmas.mas.base import AgentTurn, ServiceCall
 from drmas.episodes.bounds import DEFAULT_BOUNDS, EpisodeBounds
 from drmas.episodes import AgentSpec, EpisodeRunner
 from drmas.episodes.failures import EpisodeFailures
@@ -31,15 +31,15 @@ class Misbehaves(TwoTurns):
     def __init__(self, how: str, release: threading.Event | None = None) -> None:
         super().__init__()
         self.how, self.release = how, release or threading.Event()
-        self.tools = {"upper": RecordingTool()}
+        self.services = {"upper": RecordingService()}
 
     def run(self, problem):
         if problem.uid == "p1":
             if self.how == "sleeps":
                 self.release.wait(LONG)  # a time.sleep the test can end
             while self.how.startswith("forever"):
-                if self.how == "forever tools":
-                    yield ToolCall("upper", "x")
+                if self.how == "forever services":
+                    yield ServiceCall("upper", "x")
                 else:
                     yield AgentTurn("ref" if self.how == "forever scripted" else "a", [{"role": "user", "content": "go"}])
         return (yield from super().run(problem))
@@ -61,8 +61,8 @@ def _bounds(**changes) -> EpisodeBounds:
     ("forever", "turns", "at agent 'a' failed in episode e1: OverBound: asked for agent turn 7, past "
                          "rollout.max_episode_turns=6"),
     ("forever scripted", "turns", "at agent 'ref' failed in episode e1: OverBound: asked for agent turn 7"),
-    ("forever tools", "tool_calls", "at tool 'upper' failed in episode e1: OverBound: asked for tool call 7, past "
-                                    "rollout.max_episode_tool_calls=6"),
+    ("forever services", "tool_calls", "at service 'upper' failed in episode e1: OverBound: asked for service call 7, "
+                                       "past rollout.max_episode_tool_calls=6"),
 ])
 def test_an_episode_that_never_ends_is_dropped_at_its_turn_bound(how, reason, message, caplog):
     runner = _runner(Misbehaves(how), _bounds())
@@ -104,7 +104,7 @@ def test_an_episode_past_its_wall_time_is_dropped_wherever_it_waits():
                   "rollout.plugin_call_timeout_s=0.5 s and was abandoned in its thread; blocked at "
                   "test_episode_bounds.py:"),
     ("scripted agent", "scripted agent 'ref' failed in episode e1: OverBound: a plugin call did not return"),
-    ("tool", "tool 'upper' at call_batch failed in episode e"),
+    ("service", "service 'upper' at call_batch failed in episode e"),
 ])
 def test_plugin_code_that_blocks_costs_its_episodes_and_the_others_go_on(who, expected, caplog):
     release = threading.Event()
@@ -115,7 +115,7 @@ def test_plugin_code_that_blocks_costs_its_episodes_and_the_others_go_on(who, ex
         release.wait(LONG)
         return "fine"
 
-    if who == "tool":
+    if who == "service":
         orchestra = LookUpTwice(_Blocking(release), lookups=1)
     elif who == "scripted agent":
         orchestra = _WithReferee()
@@ -139,7 +139,7 @@ def test_plugin_code_that_blocks_costs_its_episodes_and_the_others_go_on(who, ex
     _until(lambda: runner.failure_scalars()["rollout/stuck_plugin_calls"] == 0)  # the abandoned thread ends
 
 
-class _Blocking(RecordingTool):
+class _Blocking(RecordingService):
     def __init__(self, release: threading.Event) -> None:
         super().__init__()
         self.release = release

@@ -1,4 +1,4 @@
-"""EpisodeRunner without models: a scripted engine and small orchestras show how rounds and tool calls are
+"""EpisodeRunner without models: a scripted engine and small orchestras show how rounds and service calls are
 batched, how `stream` admits and hands over episodes, and where the `on_round` hook lets weights change."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from drmas.engines.base import Generation, SamplingParams
-from drmas.mas.base import AgentTurn, EpisodeOutcome, ToolCall, TurnResult
+from drmas.mas.base import AgentTurn, EpisodeOutcome, ServiceCall, TurnResult
 from drmas.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 from drmas.tasks.base import Problem
 
@@ -113,15 +113,15 @@ def test_stream_stops_when_a_callback_raises():
     assert engine.batches == [2]
 
 
-# --- tool calls --------------------------------------------------------------------------------------------
+# --- service calls --------------------------------------------------------------------------------------------
 
 
 @dataclass
-class RecordingTool:
+class RecordingService:
     """Upper-cases its requests; records each batch it was called with."""
 
     batches: list[list[str]] = field(default_factory=list)
-    short_by: int = 0  # return this many results too few (a broken tool)
+    short_by: int = 0  # return this many results too few (a broken service)
 
     def call_batch(self, requests):
         self.batches.append(list(requests))
@@ -129,60 +129,61 @@ class RecordingTool:
 
 
 class LookUpTwice:
-    """Episode: agent a speaks, then `lookups` tool calls in a row, then agent b answers; the tool results
+    """Episode: agent a speaks, then `lookups` service calls in a row, then agent b answers; the service results
     reach b's prompt, so a test can see each episode got its own."""
 
     agents = ("a", "b")
 
-    def __init__(self, tool: RecordingTool, lookups: int = 2, tool_name: str = "upper") -> None:
-        self.tools = {"upper": tool}
+    def __init__(self, service: RecordingService, lookups: int = 2, service_name: str = "upper") -> None:
+        self.services = {"upper": service}
         self.lookups = lookups
-        self.tool_name = tool_name
+        self.service_name = service_name
 
     def run(self, problem):
         first = yield AgentTurn("a", [{"role": "user", "content": problem.question}])
         found = []
         for i in range(self.lookups):
-            found.append((yield ToolCall(self.tool_name, f"{problem.uid}-{i}")))
+            found.append((yield ServiceCall(self.service_name, f"{problem.uid}-{i}")))
         second = yield AgentTurn("b", [{"role": "user", "content": " ".join(found)}])
         return EpisodeOutcome(reward=1.0, turns=[TurnResult("a", first, True), TurnResult("b", second, True)],
                               info={"found": found})
 
 
-def _tool_runner(engine: ScriptedEngine, orchestra) -> EpisodeRunner:
+def _service_runner(engine: ScriptedEngine, orchestra) -> EpisodeRunner:
     specs = {a: AgentSpec("m", SamplingParams()) for a in ("a", "b")}
     return EpisodeRunner(orchestra, {"m": engine}, specs, invalid_penalty=0.1, seed=0)
 
 
-def test_tool_calls_of_all_live_episodes_are_batched_per_round_and_results_reach_their_episode():
-    engine, tool = ScriptedEngine(), RecordingTool()
-    results = _tool_runner(engine, LookUpTwice(tool)).run(_requests(3))
-    # one tool batch per lookup round, holding the three episodes' requests; tool rounds add no engine call
-    assert tool.batches == [["p0-0", "p1-0", "p2-0"], ["p0-1", "p1-1", "p2-1"]]
+def test_service_calls_of_all_live_episodes_are_batched_per_round_and_results_reach_their_episode():
+    engine, service = ScriptedEngine(), RecordingService()
+    results = _service_runner(engine, LookUpTwice(service)).run(_requests(3))
+    # one service batch per lookup round, holding the three episodes' requests; service rounds add no engine call
+    assert service.batches == [["p0-0", "p1-0", "p2-0"], ["p0-1", "p1-1", "p2-1"]]
     assert engine.batches == [3, 3]
     assert [r.outcome.info["found"] for r in results] == [[f"P{i}-0", f"P{i}-1"] for i in range(3)]
-    assert [[s.agent for s in r.samples] for r in results] == [["a", "b"]] * 3  # tool calls are not samples
+    assert [[s.agent for s in r.samples] for r in results] == [["a", "b"]] * 3  # service calls are not samples
 
 
-def test_tool_calls_do_not_change_what_is_sampled():
-    """Sampling seeds follow the agent turn index, so a system's tokens do not shift when it gains a tool."""
-    with_tools = _tool_runner(ScriptedEngine(), LookUpTwice(RecordingTool())).run(_requests(2))
+def test_service_calls_do_not_change_what_is_sampled():
+    """Sampling seeds follow the agent turn index, so a system's tokens do not shift when it gains a service."""
+    with_services = _service_runner(ScriptedEngine(), LookUpTwice(RecordingService())).run(_requests(2))
     plain = _runner(ScriptedEngine()).run(_requests(2))
-    assert [[s.turn for s in r.samples] for r in with_tools] == [[s.turn for s in r.samples] for r in plain]
+    assert [[s.turn for s in r.samples] for r in with_services] == [[s.turn for s in r.samples] for r in plain]
 
 
-def test_unknown_tool_drops_the_episode_naming_it():
-    (result,) = _tool_runner(ScriptedEngine(), LookUpTwice(RecordingTool(), tool_name="search")).run(_requests(1))
+def test_unknown_service_drops_the_episode_naming_it():
+    orchestra = LookUpTwice(RecordingService(), service_name="search")
+    (result,) = _service_runner(ScriptedEngine(), orchestra).run(_requests(1))
     assert result.failure.kind == "orchestra" and result.samples == []
-    assert re.search("tool 'search'.*ValueError.*'search'.*its tools: \\['upper'\\]", result.failure.describe())
+    assert re.search("service 'search'.*ValueError.*'search'.*its services: \\['upper'\\]", result.failure.describe())
 
 
-def test_a_tool_that_loses_results_drops_every_episode_of_its_batch():
-    runner = _tool_runner(ScriptedEngine(), LookUpTwice(RecordingTool(short_by=1)))
+def test_a_service_that_loses_results_drops_every_episode_of_its_batch():
+    runner = _service_runner(ScriptedEngine(), LookUpTwice(RecordingService(short_by=1)))
     results = runner.run(_requests(2))
     assert runner.failed == 2
     for result in results:
-        assert "tool 'upper' returned 1 results for 2 requests" in result.failure.describe()
+        assert "service 'upper' returned 1 results for 2 requests" in result.failure.describe()
 
 
 # --- per-turn rewards and scripted agents -----------------------------------------------------------------------
@@ -315,29 +316,29 @@ def test_failures_in_a_row_stop_the_runner_naming_the_plugin():
         _failing_runner("p0", "p1").run(_requests(3))
 
 
-def test_a_fatal_error_from_a_tool_is_no_episodes_failure_and_ends_the_run():
+def test_a_fatal_error_from_a_service_is_no_episodes_failure_and_ends_the_run():
     from drmas.core.errors import Fatal
 
-    class Gone(RecordingTool):
+    class Gone(RecordingService):
         def call_batch(self, requests):
-            raise Fatal("the service behind the tool is gone for good")
+            raise Fatal("the server behind the service is gone for good")
 
     with pytest.raises(Fatal, match="gone for good"):
-        _tool_runner(ScriptedEngine(), LookUpTwice(Gone())).run(_requests(2))
+        _service_runner(ScriptedEngine(), LookUpTwice(Gone())).run(_requests(2))
 
 
-def test_a_tool_failing_on_one_request_logs_one_traceback_for_it(caplog):
-    """Issue 33, defect 6: the tool's batch raises, then each request goes alone; the traceback of the request's
+def test_a_service_failing_on_one_request_logs_one_traceback_for_it(caplog):
+    """Issue 33, defect 6: the service's batch raises, then each request goes alone; the traceback of the request's
     failure is logged alone, not after the batch's ("During handling of the above exception...")."""
 
-    class FailsOnP1(RecordingTool):
+    class FailsOnP1(RecordingService):
         def call_batch(self, requests):
             if "p1-0" in requests:
                 raise ConnectionError("lost p1-0")
             return super().call_batch(requests)
 
     with caplog.at_level(logging.WARNING, logger="drmas.episodes.failures"):
-        results = _tool_runner(ScriptedEngine(), LookUpTwice(FailsOnP1(), lookups=1)).run(_requests(3))
+        results = _service_runner(ScriptedEngine(), LookUpTwice(FailsOnP1(), lookups=1)).run(_requests(3))
     assert [r.failure is None for r in results] == [True, False, True]
     (record,) = [r for r in caplog.records if r.getMessage().startswith("episode dropped")]
     text = logging.Formatter().format(record)

@@ -173,9 +173,9 @@ def test_eval_on_the_smoke_config_writes_results(tmp_path):
     assert scalars["eval/arithmetic/pass@k"] == [(0, pytest.approx(entry["pass@k"]))]
 
     # same seed -> the same samples, whatever the chunking of episodes
-    from drmas.config import load_config
+    from drmas.config import read_config
 
-    cfg = load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'again'}", "eval.k=2", "eval.max_questions=3",
+    cfg = read_config(SMOKE, [f"trainer.output_dir={tmp_path / 'again'}", "eval.k=2", "eval.max_questions=3",
                               "logging.tensorboard=false"])
     ev = prepare(cfg, None)
     run_evaluation(ev, questions_per_chunk=1, log=lambda _: None)
@@ -217,9 +217,9 @@ def test_each_evaluation_has_a_directory_of_its_own_and_running_one_again_is_ref
 
 
 def test_an_interrupted_eval_keeps_the_questions_it_finished(tmp_path):
-    from drmas.config import load_config
+    from drmas.config import read_config
 
-    ev = prepare(load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'out'}", "eval.k=2", "eval.max_questions=3"]),
+    ev = prepare(read_config(SMOKE, [f"trainer.output_dir={tmp_path / 'out'}", "eval.k=2", "eval.max_questions=3"]),
                  None)
     out = ev.out
     out.mkdir(parents=True)
@@ -241,9 +241,9 @@ def test_an_interrupted_eval_keeps_the_questions_it_finished(tmp_path):
 
 
 def _prepared(out: Path, *overrides: str):
-    from drmas.config import load_config
+    from drmas.config import read_config
 
-    return prepare(load_config(SMOKE, [f"trainer.output_dir={out}", "eval.k=2", "logging.tensorboard=false",
+    return prepare(read_config(SMOKE, [f"trainer.output_dir={out}", "eval.k=2", "logging.tensorboard=false",
                                        *overrides]), None)
 
 
@@ -349,15 +349,15 @@ def test_eval_of_a_checkpoint_from_a_one_step_run(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from drmas.config import load_config
+    from drmas.config import read_config
 
-    ev = prepare(load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'x'}"]), ckpt)
+    ev = prepare(read_config(SMOKE, [f"trainer.output_dir={tmp_path / 'x'}"]), ckpt)
     saved = load_file(next((ckpt / "policy").glob("*.safetensors")))
     served = dict(ev.runner.engines["policy"].model.named_parameters())
     assert all(torch.equal(served[name].data, tensor) for name, tensor in saved.items() if name in served)
 
     # the colocated run directory itself resolves to its newest complete checkpoint
-    by_run = prepare(load_config(SMOKE, [f"trainer.output_dir={tmp_path / 'y'}"]), run_dir)
+    by_run = prepare(read_config(SMOKE, [f"trainer.output_dir={tmp_path / 'y'}"]), run_dir)
     assert by_run.model_dirs == {"policy": ckpt / "policy"} and by_run.step == 1
     assert by_run.model_checkpoints() == {"policy": {"checkpoint": str(ckpt), "step": 1}}
 
@@ -376,10 +376,10 @@ def test_checkpoint_without_the_trained_model_exits_2_but_a_frozen_model_loads_f
     err = capsys.readouterr().err
     assert "trained model 'policy'" in err and str(empty / "policy") in err
 
-    from drmas.config import load_config
+    from drmas.config import read_config
     from drmas.models.loading import build_tiny_model
 
-    cfg = load_config(SMOKE, ["models.policy.trainable=false", f"trainer.output_dir={tmp_path / 'out'}"])
+    cfg = read_config(SMOKE, ["models.policy.trainable=false", f"trainer.output_dir={tmp_path / 'out'}"])
     ev = prepare(cfg, empty)
     assert ev.model_dirs == {"policy": build_tiny_model(cfg.models["policy"].tiny)} and ev.step == 3
 
@@ -429,9 +429,9 @@ def _async_checkpoints(run: Path, model, complete: dict[str, list[int]],
 
 
 def _two_model_config(out: Path, *overrides: str):
-    from drmas.config import load_config
+    from drmas.config import read_config
 
-    return load_config(SMOKE, [*TWO_MODELS, f"trainer.output_dir={out}", "eval.k=2", "logging.tensorboard=false",
+    return read_config(SMOKE, [*TWO_MODELS, f"trainer.output_dir={out}", "eval.k=2", "logging.tensorboard=false",
                                *overrides])
 
 

@@ -15,7 +15,7 @@ from cli_run import run_cli
 from tb_events import tensorboard_scalars
 
 from drmas import assembly
-from drmas.config import ConfigError, load_config
+from drmas.config import ConfigError, read_config
 from drmas.evaluation.async_heldout import final_interval_eval
 from drmas.evaluation.interval import IntervalSchedule
 from drmas.runtime.metrics import read_metrics
@@ -45,13 +45,13 @@ def test_schedule_takes_every_nth_version_and_catches_up_on_a_missed_one():
 
 def test_a_negative_interval_is_refused_naming_the_key():
     with pytest.raises(ConfigError, match=r"eval\.interval: must be >= 0"):
-        load_config(SMOKE, ["eval.interval=-1"])
+        read_config(SMOKE, ["eval.interval=-1"])
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(420)  # covers a cold build of the smoke model; the run has its own limit
 def test_async_run_evaluates_while_training_and_its_samples_never_reach_the_buffer(tmp_path):
-    assembly.model_path(load_config(SMOKE), "policy")  # built once here, not by every child
+    assembly.model_path(read_config(SMOKE), "policy")  # built once here, not by every child
     out = tmp_path / "run"
     done = run_cli([sys.executable, "-m", "drmas.cli", "run", "--config", str(SMOKE), f"trainer.output_dir={out}",
                     *ASYNC, "trainer.steps=3", "eval.n_problems=0", "eval.interval=1", "eval.k=2",
@@ -85,7 +85,7 @@ def test_async_run_evaluates_while_training_and_its_samples_never_reach_the_buff
     # learner's last checkpoint (run here in-process on the same run directory) adds it
     evals = out / "eval" / "evals.jsonl"
     evals.write_text("".join(line + "\n" for line in evals.read_text().splitlines() if json.loads(line)["version"] < 3))
-    cfg = load_config(out / "config.yaml", ["logging.tensorboard=false"])
+    cfg = read_config(out / "config.yaml", ["logging.tensorboard=false"])
     report = final_interval_eval(cfg, assembly.build_task(cfg))
     assert report["version"] == 3 and report["versions"] == {"policy": [3, 3]}
     assert [json.loads(line)["version"] for line in evals.read_text().splitlines()][-1] == 3

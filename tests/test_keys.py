@@ -13,7 +13,7 @@ import pytest
 
 from drmas.buffer import BufferConfig, BufferConsumer, BufferProducer, TrajectoryBuffer
 from drmas.cli import main
-from drmas.config import load_config
+from drmas.config import read_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -47,7 +47,7 @@ def buffer_with() -> Iterator:
 
 def _client_side(overrides: list[str], buf: TrajectoryBuffer, timeout_s: float = 5.0) -> BufferConfig:
     """A client's buffer config: the smoke config plus `overrides`, pointed at the running buffer."""
-    config = load_config(SMOKE, overrides).pipeline.buffer
+    config = read_config(SMOKE, overrides).pipeline.buffer
     return dataclasses.replace(config, producer_endpoint=buf.producer_endpoint,
                                consumer_endpoint=buf.consumer_endpoint, request_timeout_s=timeout_s)
 
@@ -58,7 +58,7 @@ def test_printed_overrides_connect_every_client_and_keep_other_keys_out(tmp_path
                                                  "pipeline.buffer.curve_authorized_keys_dir"]
     assert [[o.split("=")[0] for o in c] for c in clients] == [["pipeline.buffer.curve_client_secret_file",
                                                                 "pipeline.buffer.curve_server_public_file"]] * 2
-    buf = buffer_with(load_config(SMOKE, server).pipeline.buffer)
+    buf = buffer_with(read_config(SMOKE, server).pipeline.buffer)
 
     learner = BufferConsumer.from_config(_client_side(clients[0], buf))
     rollout = BufferProducer.from_config(_client_side(clients[1], buf), "rollout-1")

@@ -16,7 +16,7 @@ from cli_run import run_cli
 from pipeline_harness import smoke_async_models  # noqa: F401  (a fixture)
 
 from drmas import assembly
-from drmas.config import load_config
+from drmas.config import read_config
 from drmas.launch.local import assign_ports
 from drmas.runtime.metrics import read_metrics
 
@@ -35,7 +35,7 @@ ASYNC = [
 
 @pytest.fixture(scope="module")
 def smoke_model() -> Path:
-    return assembly.model_path(load_config(SMOKE), "policy")
+    return assembly.model_path(read_config(SMOKE), "policy")
 
 
 def _drmas_run(out: Path, *overrides: str) -> list[str]:
@@ -60,7 +60,7 @@ def _logged_steps(path: Path) -> int:
 
 
 def test_assign_ports_fills_only_port_zero():
-    cfg = load_config(SMOKE, ["pipeline.buffer.producer_endpoint=tcp://127.0.0.1:5601"])  # the rest: port 0
+    cfg = read_config(SMOKE, ["pipeline.buffer.producer_endpoint=tcp://127.0.0.1:5601"])  # the rest: port 0
     assigned = assign_ports(cfg)
     assert assigned.pipeline.buffer.producer_endpoint == cfg.pipeline.buffer.producer_endpoint
     assert not assigned.pipeline.buffer.consumer_endpoint.endswith(":0")

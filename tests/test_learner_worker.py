@@ -17,7 +17,7 @@ from pipeline_harness import SMOKE, free_ports
 from tb_events import tensorboard_scalars
 
 from drmas.buffer import BufferConfig, BufferProducer, TrajectoryBuffer
-from drmas.config import load_config
+from drmas.config import read_config
 from drmas.core.sample import Sample
 from drmas.runtime.process import StopFlag
 
@@ -61,7 +61,7 @@ def test_the_learner_logs_running_reward_statistics_to_tensorboard_and_at_the_en
 
     producer_port, consumer_port, weights_port = free_ports(3)
     steps, group_size = 2, 4
-    cfg = load_config(SMOKE, [
+    cfg = read_config(SMOKE, [
         f"trainer.output_dir={tmp_path / 'run'}", f"trainer.steps={steps}", "trainer.threads=1",
         "logging.tensorboard=true", "models.policy.tiny.prime_steps=0", "rollout.prompts_per_step=1",
         f"rollout.group_size={group_size}", f"pipeline.learner_ports={{policy: {weights_port}}}",
@@ -95,6 +95,6 @@ def test_the_learner_logs_running_reward_statistics_to_tensorboard_and_at_the_en
 def test_a_learner_refuses_ranks_it_cannot_start_naming_the_key(tmp_path):
     from drmas.learner.worker import LearnerWorker
 
-    cfg = load_config(SMOKE, ["pipeline.mode=async", "models.policy.ranks=2", f"trainer.output_dir={tmp_path}"])
+    cfg = read_config(SMOKE, ["pipeline.mode=async", "models.policy.ranks=2", f"trainer.output_dir={tmp_path}"])
     with pytest.raises(ValueError, match=r"models.policy.ranks=2"):
         LearnerWorker(cfg, "policy", StopFlag())

@@ -15,7 +15,7 @@ import torch
 from cli_run import run_cli
 
 from drmas import assembly
-from drmas.config import ConfigError, load_config
+from drmas.config import ConfigError, read_config
 from drmas.core.sample import Sample
 from drmas.learner.trainers import adapter_trainers
 from drmas.engines.base import AdapterSlot, SamplingParams
@@ -33,7 +33,7 @@ IDS = ["base/solver", "base/verifier"]
 
 def _cfg(model_dir: Path, *overrides: str):
     """The LoRA smoke config over the session's tiny model (no priming: these tests need no sensible text)."""
-    return load_config(LORA, [f"models.base.path={model_dir}", *overrides])
+    return read_config(LORA, [f"models.base.path={model_dir}", *overrides])
 
 
 def _samples(engine, agent: str, n: int = 4) -> list[Sample]:
@@ -84,7 +84,7 @@ def test_bad_adapter_settings_are_refused_naming_the_key(tiny_model_dir, overrid
 
 def test_merged_export_without_adapters_and_unknown_target_modules_are_refused(tiny_model_dir):
     with pytest.raises(ConfigError, match="models.policy.export_merged"):
-        load_config(SMOKE, ["models.policy.export_merged=true"])
+        read_config(SMOKE, ["models.policy.export_merged=true"])
     cfg = _cfg(tiny_model_dir, "models.base.adapters.solver.target_modules=[nope_proj]")
     with pytest.raises(ValueError, match=r"models\.base\.adapters\.solver\.target_modules"):
         adapter_trainers(cfg, IDS, CPU)
@@ -97,7 +97,7 @@ def test_activation_checkpointing_false_keeps_the_bases_activations(tiny_model_d
 
 
 def test_adapters_are_model_ids_of_their_own():
-    cfg = load_config(LORA, ["pipeline.learner_base_port=5610"])
+    cfg = read_config(LORA, ["pipeline.learner_base_port=5610"])
     assert assembly.trained_models(cfg) == IDS and assembly.engine_models(cfg) == ["base"]
     assert assembly.trained_agent_models(cfg) == {"solver": "base/solver", "verifier": "base/verifier"}
     assert assembly.optim_config(cfg, "base/verifier").lr == 5e-3  # its own optim
@@ -106,7 +106,7 @@ def test_adapters_are_model_ids_of_their_own():
 
     assert [learner_address(cfg, m)[1] for m in IDS] == [5610, 5611]
     # a full model beside the adapters of another: each keeps its own kind of learner and engine
-    mixed = load_config(LORA, ["models.full.builtin=tiny", "agents.solver.model=full", "pipeline.learner_base_port=5610"])
+    mixed = read_config(LORA, ["models.full.builtin=tiny", "agents.solver.model=full", "pipeline.learner_base_port=5610"])
     assert assembly.trained_models(mixed) == ["base/verifier", "full"]
     assert assembly.engine_models(mixed) == ["base", "full"]
     assert [learner_address(mixed, m)[1] for m in ("base/verifier", "full")] == [5611, 5612]

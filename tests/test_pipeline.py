@@ -17,7 +17,7 @@ import pytest
 from pipeline_harness import SMOKE, Processes, smoke_model  # noqa: F401
 from pipeline_harness import pipeline_overrides as _overrides
 
-from drmas.config import load_config
+from drmas.config import read_config
 from drmas.runtime.endpoints import EndpointError, learner_address, learner_endpoint, require_fixed
 from drmas.runtime.metrics import read_metrics
 
@@ -159,14 +159,14 @@ def test_strictly_on_policy_training_goes_on_through_bad_messages_and_samples_th
 
 
 def test_endpoints_follow_the_config_and_port_zero_is_refused_outside_the_launcher():
-    cfg = load_config(SMOKE, ["models.judge={builtin: tiny}", "agents.verifier.model=judge",
+    cfg = read_config(SMOKE, ["models.judge={builtin: tiny}", "agents.verifier.model=judge",
                               "pipeline.learner_base_port=7000", "pipeline.learner_hosts={judge: 10.0.0.2}",
                               "pipeline.buffer.producer_endpoint=tcp://127.0.0.1:5601",
                               "pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:5602"])
     assert learner_address(cfg, "policy") == ("127.0.0.1", 7000)
     assert learner_endpoint(cfg, "judge") == "tcp://10.0.0.2:7001"
     require_fixed(cfg, buffer=True, learners=["policy", "judge"])
-    cfg = load_config(SMOKE, ["pipeline.learner_base_port=0", "pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:0"])
+    cfg = read_config(SMOKE, ["pipeline.learner_base_port=0", "pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:0"])
     with pytest.raises(EndpointError, match="pipeline.buffer.consumer_endpoint"):
         require_fixed(cfg, buffer=True)
     with pytest.raises(EndpointError, match="policy"):

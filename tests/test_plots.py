@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from drmas.config import load_config, to_yaml
+from drmas.config import read_config, to_yaml
 from drmas.runtime.metrics import MetricsWriter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +20,7 @@ HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 def _async_run_metrics(run: Path) -> None:
     """The files an async run leaves that the staleness script reads, in the format its processes write."""
     run.mkdir()
-    (run / "config.yaml").write_text(to_yaml(load_config(ROOT / "configs" / "smoke_async.yaml")))
+    (run / "config.yaml").write_text(to_yaml(read_config(ROOT / "configs" / "smoke_async.yaml")))
     learner = MetricsWriter(run / "learner-solver_model", tensorboard=False)
     for step in (1, 2, 3):
         learner.log(step, {"staleness/solver/mean": 0.5, "staleness/solver/max": 1.0, "idle/solver_model": 0.25})

@@ -1,5 +1,5 @@
 """A plugin that fails costs its episode, never the run: a real plugin file (written here, beside the toy
-system of tests/fixtures/plugins) whose orchestra raises on one question, whose tool raises on one request and
+system of tests/fixtures/plugins) whose orchestra raises on one question, whose service raises on one request and
 whose scripted referee raises on one question, trained in the colocated loop on the smoke run's tiny model.
 The other groups train; the failure is logged once and counted (`rollout/episodes_failed`); and a plugin that
 fails every episode stops the run after `rollout.max_consecutive_episode_failures`, naming itself and its error.
@@ -26,14 +26,14 @@ TOY = ROOT / "tests" / "fixtures" / "plugins" / "toy.yaml"
 TOY_PLUGIN = ROOT / "tests" / "fixtures" / "plugins" / "toy_mas.py"
 
 FLAKY = '''
-"""The toy system, failing where its settings say: the orchestra on one question, the calculator tool on
+"""The toy system, failing where its settings say: the orchestra on one question, the calculator service on
 one question's request, the scripted referee on one question (or every one: '*')."""
 from dataclasses import dataclass
 
-from drmas.api import AGENT_ROLES, ORCHESTRAS, ScriptedRole, SystemSettings, TeamContext, ToolCall, help_field
+from drmas.api import AGENT_ROLES, ORCHESTRAS, ScriptedRole, ServiceCall, SystemSettings, TeamContext, help_field
 from toy_mas import ToyOrchestra, ToySettings
 
-TOOL_BATCHES = []  # every batch the calculator was called with (the test reads it)
+SERVICE_BATCHES = []  # every batch the calculator was called with (the test reads it)
 REFEREE_CALLS = [0]
 
 
@@ -41,7 +41,7 @@ REFEREE_CALLS = [0]
 class FlakySettings(ToySettings):
     name: str = SystemSettings.name_field("flaky")
     orchestra_fails_on: str = help_field("", "Question on which the orchestra raises.")
-    tool_fails_on: str = help_field("", "Question whose calculator request raises.")
+    service_fails_on: str = help_field("", "Question whose calculator request raises.")
     referee_fails_on: str = help_field("", "Question on which the referee raises ('*': every one).")
     referee_fails_first: int = help_field(0, "Calls of the referee (in this process) that raise, first ones.")
 
@@ -51,7 +51,7 @@ class FlakyCalculator:
         self.fails_on = fails_on
 
     def call_batch(self, requests):
-        TOOL_BATCHES.append([question for question, _ in requests])
+        SERVICE_BATCHES.append([question for question, _ in requests])
         if any(question == self.fails_on for question, _ in requests):
             raise ConnectionError(f"calculator lost its connection on {self.fails_on!r}")
         return [sum(operands) for _, operands in requests]
@@ -73,7 +73,7 @@ class FlakyReferee(ScriptedRole):
 class FlakyOrchestra(ToyOrchestra):
     def __init__(self, settings, agents_by_role, task):  # the referee agent plays flaky_referee
         super().__init__(settings, {**agents_by_role, "referee": agents_by_role["flaky_referee"]}, task)
-        self.tools = {"calc": FlakyCalculator(settings.tool_fails_on)}
+        self.services = {"calc": FlakyCalculator(settings.service_fails_on)}
 
     def run(self, problem):
         if problem.question == self.settings.orchestra_fails_on:
@@ -82,8 +82,8 @@ class FlakyOrchestra(ToyOrchestra):
         inner = super().run(problem)
         request = next(inner)
         while True:
-            if isinstance(request, ToolCall):
-                reply = yield ToolCall("calc", (problem.question, request.request))
+            if isinstance(request, ServiceCall):
+                reply = yield ServiceCall("calc", (problem.question, request.request))
             elif request.agent == self.names["referee"]:
                 state = (request.state, problem.question, self.settings.referee_fails_on,
                          self.settings.referee_fails_first)
@@ -133,11 +133,11 @@ def _train(cfg) -> list[dict]:
 def test_plugins_failing_on_one_question_each_drop_its_group_and_the_step_trains_on_the_rest(
     flaky_config, tmp_path, caplog
 ):
-    """Step 1 has four groups: the orchestra raises on the first's question, the tool on the second's request,
+    """Step 1 has four groups: the orchestra raises on the first's question, the service on the second's request,
     the scripted referee on the third's; the fourth trains."""
-    cfg, q = _config(flaky_config, tmp_path, "system.orchestra_fails_on={q0}", "system.tool_fails_on={q1}",
+    cfg, q = _config(flaky_config, tmp_path, "system.orchestra_fails_on={q0}", "system.service_fails_on={q1}",
                      "system.referee_fails_on={q2}")
-    sys.modules["flaky_mas"].TOOL_BATCHES.clear()
+    sys.modules["flaky_mas"].SERVICE_BATCHES.clear()
     with caplog.at_level(logging.WARNING, logger="drmas.episodes.failures"):
         (record,) = _train(cfg)
     assert record["rollout/groups_dropped"] == 3 and record["rollout/episodes_failed"] == 12
@@ -147,15 +147,15 @@ def test_plugins_failing_on_one_question_each_drop_its_group_and_the_step_trains
     expected = sorted(
         [f"episode dropped: orchestra 'FlakyOrchestra' at agent 'proposer' failed in episode s0-g0-e{e}: "
          f"ValueError: cannot orchestrate {q['q0']!r}" for e in range(4)]
-        + [f"episode dropped: tool 'calc' at call_batch failed in episode s0-g1-e{e}: ConnectionError: "
+        + [f"episode dropped: service 'calc' at call_batch failed in episode s0-g1-e{e}: ConnectionError: "
            f"calculator lost its connection on {q['q1']!r}" for e in range(4)]
         + [f"episode dropped: scripted agent 'referee' failed in episode s0-g2-e{e}: KeyError: "
            f"\"no rule for {q['q2']!r}\"" for e in range(4)])
     assert dropped == expected
     tracebacks = [r for r in caplog.records if r.getMessage().startswith("episode dropped") and r.exc_info]
     assert len(tracebacks) == 3  # once per distinct error
-    # the tool's batch raised, then each request went alone: only the second group's requests failed
-    batches = sys.modules["flaky_mas"].TOOL_BATCHES
+    # the service's batch raised, then each request went alone: only the second group's requests failed
+    batches = sys.modules["flaky_mas"].SERVICE_BATCHES
     mixed = [i for i, batch in enumerate(batches) if q["q1"] in batch and len(set(batch)) > 1]
     assert mixed, batches
     for i in mixed:

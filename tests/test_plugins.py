@@ -18,8 +18,7 @@ from test_launcher import ASYNC
 
 from drmas.assembly import agent_specs, load_config
 from drmas.cli import main
-from drmas.config import ConfigError
-from drmas.config import load_config as load_settings_only
+from drmas.config import ConfigError, read_config
 from drmas.runtime.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,11 +101,11 @@ def test_plugin_paths_are_relative_to_the_config_file_or_on_the_command_line_to_
     config = tmp_path / "conf" / "mas.yaml"
     config.write_text(SMOKE.read_text() + "plugins: [./here.py, ../up/there.py, my_pkg.my_mas]\n")
     monkeypatch.chdir(tmp_path)  # the config-only loader imports nothing: the paths need not exist
-    assert load_settings_only(config).plugins == [str(tmp_path / "conf" / "here.py"), str(tmp_path / "up" / "there.py"),
+    assert read_config(config).plugins == [str(tmp_path / "conf" / "here.py"), str(tmp_path / "up" / "there.py"),
                                                   "my_pkg.my_mas"]
-    assert load_settings_only(config, ["plugins=[./cli.py]"]).plugins == [str(tmp_path / "cli.py")]
+    assert read_config(config, ["plugins=[./cli.py]"]).plugins == [str(tmp_path / "cli.py")]
     with pytest.raises(ConfigError, match=r"bad value for 'plugins': expected a list of module names or \.py file"):
-        load_settings_only(config, ["plugins=./one.py"])
+        read_config(config, ["plugins=./one.py"])
 
 
 def _site_with_entry_point(site: Path, module: str, source: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from drmas import assembly
-from drmas.config import ConfigError, load_config
+from drmas.config import ConfigError, read_config
 from drmas.config.schema import AlgorithmConfig, OptimConfig
 from drmas.engines.base import SamplingParams
 from drmas.engines.embedded import EmbeddedEngine
@@ -42,7 +42,7 @@ def test_compute_dtype_is_what_the_engine_holds_and_the_learner_computes_in(tiny
     """float32 (the default): both sides in float32, gap ~1e-6. bfloat16: a bfloat16 engine, a float32
     learner autocasting to bfloat16; the gap grows by orders of magnitude (it cannot meet 1e-3: the two
     round differently) but stays a rounding difference, not a different policy."""
-    cfg = load_config(SMOKE, [f"models.policy.path={tiny_model_dir}", "models.policy.compute_dtype=bfloat16"])
+    cfg = read_config(SMOKE, [f"models.policy.path={tiny_model_dir}", "models.policy.compute_dtype=bfloat16"])
     engine = assembly.build_engine(cfg, "policy", tiny_model_dir, seed=0)
     assert engine.dtype == torch.bfloat16
     gaps = {}
@@ -91,7 +91,7 @@ def test_colocated_run_in_bfloat16_compute(tmp_path: Path, tiny_model_dir: Path)
     from drmas.colocated import ColocatedRun
     from drmas.runtime.metrics import read_metrics
 
-    cfg = load_config(SMOKE, [f"models.policy.path={tiny_model_dir}", "models.policy.compute_dtype=bfloat16",
+    cfg = read_config(SMOKE, [f"models.policy.path={tiny_model_dir}", "models.policy.compute_dtype=bfloat16",
                               f"trainer.output_dir={tmp_path / 'run'}", "trainer.steps=2", "eval.n_problems=0"])
     run = ColocatedRun(cfg, log=lambda *_: None)
     assert run.engines["policy"].dtype == torch.bfloat16
@@ -108,11 +108,11 @@ def test_colocated_run_in_bfloat16_compute(tmp_path: Path, tiny_model_dir: Path)
 def test_compute_dtype_is_validated_naming_the_key(override: str, message: str | None) -> None:
     if message is None:  # bfloat16 weights, compute float32: autocast cannot widen
         with pytest.raises(ConfigError, match=r"models.policy.compute_dtype: float32 with dtype bfloat16"):
-            load_config(SMOKE, [override, "models.policy.compute_dtype=float32"])
-        assert load_config(SMOKE, [override]).models["policy"].compute_dtype is None
+            read_config(SMOKE, [override, "models.policy.compute_dtype=float32"])
+        assert read_config(SMOKE, [override]).models["policy"].compute_dtype is None
         return
     with pytest.raises(ConfigError, match=message):
-        load_config(SMOKE, [override])
+        read_config(SMOKE, [override])
 
 
 def test_sampling_flags_from_the_host_give_the_same_tokens() -> None:

@@ -155,11 +155,11 @@ def test_a_lost_host_is_replaced_without_holding_up_supervision():
     blocked for up to pipeline.ray.placement_timeout_s.)"""
     import ray
 
-    from drmas.config import load_config
+    from drmas.config import read_config
     from drmas.launch.ray_launcher import RayChild, RayLauncher, _Host
     from drmas.launch.supervisor import PlacementError
 
-    cfg = load_config(ROOT / "configs" / "smoke_async.yaml",
+    cfg = read_config(ROOT / "configs" / "smoke_async.yaml",
                       ["pipeline.launcher=ray", "pipeline.ray.cpus_per_process=1",
                        "pipeline.ray.placement_timeout_s=60"])
     ray.init(num_cpus=1, include_dashboard=False, object_store_memory=80 << 20, log_to_driver=False,

@@ -62,9 +62,9 @@ def test_one_attempt_means_solver_only() -> None:
 
 def test_registered_and_built_from_a_config_naming_missing_roles() -> None:
     assert ORCHESTRAS.get("math_revise") is ReviseOrchestra
-    from drmas.config import load_config
+    from drmas.config import read_config
 
-    cfg = load_config(str(Path(__file__).resolve().parents[1] / "configs" / "stability.yaml"), [])
+    cfg = read_config(str(Path(__file__).resolve().parents[1] / "configs" / "stability.yaml"), [])
     orchestra = build_orchestra(cfg, build_task(cfg.task))
     assert orchestra.agents == ("solver", "reviser")
     with pytest.raises(ValueError, match="role 'reviser'"):

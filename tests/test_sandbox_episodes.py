@@ -1,4 +1,4 @@
-"""The sandbox as an orchestra's tool in the real episode runner: the programs of all live episodes reach it
+"""The sandbox as an orchestra's service in the real episode runner: the programs of all live episodes reach it
 as one batch, and a program that hangs, crashes or floods memory costs its own episode's reward, never the
 run. The engine is scripted: its "model" writes the programs of the test, one per episode."""
 
@@ -10,10 +10,10 @@ import pytest
 
 from drmas.config.sandbox import SandboxConfig
 from drmas.engines.base import Generation, SamplingParams
-from drmas.mas.base import AgentTurn, EpisodeOutcome, ToolCall, TurnResult
+from drmas.mas.base import AgentTurn, EpisodeOutcome, ServiceCall, TurnResult
 from drmas.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 from drmas.tasks.base import Problem
-from drmas.tools import SandboxTool
+from drmas.tools import SandboxService
 
 
 class _CharTokenizer:
@@ -42,8 +42,8 @@ class Coder:
 
     agents = ("coder",)
 
-    def __init__(self, sandbox: SandboxTool) -> None:
-        self.tools = {"python": self}
+    def __init__(self, sandbox: SandboxService) -> None:
+        self.services = {"python": self}
         self.sandbox = sandbox
         self.batches: list[int] = []
 
@@ -53,7 +53,7 @@ class Coder:
 
     def run(self, problem):
         code = yield AgentTurn("coder", [{"role": "user", "content": problem.question}])
-        result = yield ToolCall("python", code)
+        result = yield ServiceCall("python", code)
         reward = float(result.ok and result.stdout.strip() == problem.answer)
         return EpisodeOutcome(reward=reward, turns=[TurnResult("coder", code, True)], info={"status": result.status})
 
@@ -61,8 +61,8 @@ class Coder:
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
     config = SandboxConfig(timeout_s=1.5, memory_mb=256, workers=4, tmp_dir=str(tmp_path_factory.mktemp("episodes")))
-    with SandboxTool(config, where="test.sandbox") as tool:
-        yield tool
+    with SandboxService(config, where="test.sandbox") as service:
+        yield service
 
 
 def test_one_batch_per_round_and_misbehaving_programs_cost_only_their_episode(sandbox):

@@ -3,9 +3,9 @@ tries every way it knows and prints the ones that worked. The ways: a path itsel
 reached by a file handle (open_by_handle_at) through each mount the program holds a descriptor of (an
 inherited one, or '/'), named as /proc/self/fd/N/...; and /proc/1/root.
 
-Run with the default tool (namespaces; as root here, so the program runs as a uid of its own), the seccomp
+Run with the default service (namespaces; as root here, so the program runs as a uid of its own), the seccomp
 fallback (no namespaces: it cannot hide files, so the probes of what only a mount or pid namespace hides
-are skipped there), and, as root, the whole tool as uid 65534 (the user-namespace path). The host's secrets
+are skipped there), and, as root, the whole service as uid 65534 (the user-namespace path). The host's secrets
 are files, sockets and processes the test makes itself, under a fresh directory each. Then the interpreter
 and the working directory as root: shown to the program's uid with namespaces (and nothing else of the
 directory that hid them), a clear refusal without.
@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from sandbox_harness import IS_ROOT, NOBODY, UNPRIVILEGED, assert_nothing_left, fallback_python, make_tool
+from sandbox_harness import IS_ROOT, NOBODY, UNPRIVILEGED, assert_nothing_left, fallback_python, make_service
 from sandbox_harness import nobody_python, searchable_root
 
-from drmas.tools import SandboxTool, SandboxUnavailable
+from drmas.tools import SandboxService, SandboxUnavailable
 
-TOOLS = ("default", "seccomp", "nobody")
+SERVICES = ("default", "seccomp", "nobody")
 
 # defines `leaks` (what worked), `routes(path)`, `by_handle(handle, flags)`, `handle(path)`, `attempt(what, f)`
 # and INHERITED (the descriptors the program found open besides 0, 1, 2: fd -> file type), all found before
@@ -191,17 +191,17 @@ def work_root() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def tools(work_root):
+def services(work_root):
     made = {}
     try:
-        made["default"] = make_tool(work_root, "default")
-        made["seccomp"] = make_tool(work_root, "seccomp", network_isolation=["seccomp"], python=fallback_python())
+        made["default"] = make_service(work_root, "default")
+        made["seccomp"] = make_service(work_root, "seccomp", network_isolation=["seccomp"], python=fallback_python())
         if IS_ROOT and UNPRIVILEGED:
-            made["nobody"] = make_tool(work_root, "nobody", python=nobody_python(work_root), uid_base=None)
+            made["nobody"] = make_service(work_root, "nobody", python=nobody_python(work_root), uid_base=None)
         yield made
     finally:
-        for tool in made.values():
-            tool.close()
+        for service in made.values():
+            service.close()
 
 
 @pytest.fixture
@@ -270,30 +270,30 @@ def _handle(path: str) -> bytes:
     return buf.raw[: 8 + size]
 
 
-def _tool_for(tools: dict, name: str) -> SandboxTool:
-    if name not in tools:
+def _tool_for(services: dict, name: str) -> SandboxService:
+    if name not in services:
         pytest.skip("the unprivileged user needs root, setpriv and /usr/bin/python3")
-    return tools[name]
+    return services[name]
 
 
 @pytest.mark.parametrize("probe", sorted(PROBES))
-@pytest.mark.parametrize("name", TOOLS)
-def test_escape_probe(tools, host, name, probe):
-    tool = _tool_for(tools, name)
-    namespaces = tool.probe.confinement.get("processes") == "pid_namespace"
+@pytest.mark.parametrize("name", SERVICES)
+def test_escape_probe(services, host, name, probe):
+    service = _tool_for(services, name)
+    namespaces = service.probe.confinement.get("processes") == "pid_namespace"
     if probe in NAMESPACES_ONLY and not namespaces:
-        pytest.skip(f"{tool.probe.network}: no mount or pid namespace, so this stays open (docs/sandbox.md)")
+        pytest.skip(f"{service.probe.network}: no mount or pid namespace, so this stays open (docs/sandbox.md)")
     if probe == "run_socket" and "run_socket" not in host:
         pytest.skip("no socket under /run (needs root)")
     if probe == "etc_shadow" and not (os.path.exists("/etc/shadow") and not os.stat("/etc/shadow").st_mode & 0o4):
         pytest.skip("no /etc/shadow that others may not read")
     uid = NOBODY if name == "nobody" else os.getuid()
-    own = tool.probe.confinement["uid"]
+    own = service.probe.confinement["uid"]
     if not namespaces and (probe, own) in {("tmp_secret", os.getuid()), ("signal_host", uid)}:
         pytest.skip("the program runs as the owner of the secret, and nothing hides it without namespaces")
     values = {key: value for key, value in host.items() if isinstance(value, str)}
     code = PRELUDE + PROBES[probe].format(**values, pid=host["sleepers"][uid].pid) + "\nprint('leaks', leaks)\n"
-    result = tool.run(code)
+    result = service.run(code)
     assert (result.status, result.stdout) == ("ok", "leaks []\n"), (result.stdout, result.stderr[-1500:])
     assert os.listdir(host["drop"]) == []  # nothing left in the world-writable directory
     for listener in (host["socket_listener"], host.get("run_listener")):
@@ -301,7 +301,7 @@ def test_escape_probe(tools, host, name, probe):
             with pytest.raises(BlockingIOError):
                 listener.accept()  # nothing connected
     assert all(process.poll() is None for process in host["sleepers"].values())  # not killed
-    assert_nothing_left(tool)
+    assert_nothing_left(service)
 
 
 def _hiding(path: str) -> str:
@@ -318,37 +318,37 @@ def _hiding(path: str) -> str:
 def test_an_interpreter_other_users_cannot_read(work_root):
     """As root the program runs as a uid of its own, which may not read an interpreter under /root (a pyenv).
     With namespaces it is shown the interpreter's directories and nothing else of the directory that hid them
-    (not a capability that reads every file); without, the tool refuses to start and says what to change."""
+    (not a capability that reads every file); without, the service refuses to start and says what to change."""
     hidden = _hiding(sys.base_prefix)
     shown = os.path.relpath(os.path.realpath(sys.base_prefix), hidden).split("/")[0]
     code = ("import decimal, os, sqlite3, subprocess, sys\n"  # modules the launcher has not imported
             "again = subprocess.run([sys.executable, '-I', '-c', 'import json; print(2)'], capture_output=True)\n"
             f"print(again.stdout.decode().strip(), sorted(os.listdir({hidden!r})))\n"
             "print(open('/etc/shadow').read())\n")
-    with make_tool(work_root, "own-python") as tool:
-        result = tool.run(code)
+    with make_service(work_root, "own-python") as service:
+        result = service.run(code)
     assert result.status == "error" and "PermissionError" in result.stderr, result
     assert result.stdout == f"2 {[shown]}\n"
     with pytest.raises(SandboxUnavailable, match=f"{re.escape(hidden)}.*python.*uid_base"):
-        make_tool(work_root, "own-python-seccomp", network_isolation=["seccomp"])
+        make_service(work_root, "own-python-seccomp", network_isolation=["seccomp"])
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="a user without root runs programs as itself")
 def test_a_working_directory_other_users_cannot_reach(tmp_path):
     """tmp_dir below a directory only root may search: with namespaces the program reaches its working
     directory by its path all the same (through a tmpfs over that directory, holding just the way down);
-    without, the tool refuses to start and names the directory and the setting."""
+    without, the service refuses to start and names the directory and the setting."""
     if not os.path.isdir("/var/tmp"):
         pytest.skip("no /var/tmp (outside /tmp, which the namespaces hide anyway)")
     private = tempfile.mkdtemp(prefix="drmas-escape-", dir="/var/tmp")  # mode 0700
     try:
         root = Path(private) / "work"
         root.mkdir()
-        with make_tool(root, "namespaces") as tool:
-            result = tool.run("import os\nopen(os.path.abspath('x'), 'w').write('x')\n"
+        with make_service(root, "namespaces") as service:
+            result = service.run("import os\nopen(os.path.abspath('x'), 'w').write('x')\n"
                               f"print(os.listdir({private!r}))")
         assert (result.status, result.stdout) == ("ok", "['work']\n"), result
         with pytest.raises(SandboxUnavailable, match=rf"{re.escape(private)} \(above its working directory\).*tmp_dir"):
-            make_tool(root, "seccomp", network_isolation=["seccomp"], python=fallback_python())
+            make_service(root, "seccomp", network_isolation=["seccomp"], python=fallback_python())
     finally:
         shutil.rmtree(private)

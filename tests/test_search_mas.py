@@ -352,10 +352,10 @@ def test_registries_find_orchestra_and_roles_by_name(retriever) -> None:
 
 def test_assembly_builds_the_search_system_over_the_task_corpus(tmp_path: Path) -> None:
     from drmas.assembly import build_orchestra, build_task
-    from drmas.config import load_config
+    from drmas.config import read_config
 
     agents = "{r: {role: router, model: m}, s: {role: searcher, model: m}, a: {role: answerer, model: m}}"
-    cfg = load_config(None, [
+    cfg = read_config(None, [
         "system.name=search", "task.name=multihop", "task.n_train=20", "task.n_test=5",
         "models={m: {builtin: tiny}}", f"agents={agents}", f"retrieval.index_dir={tmp_path}", "retrieval.topk=4",
     ])

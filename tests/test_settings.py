@@ -10,8 +10,7 @@ import pytest
 
 from drmas.assembly import load_config
 from drmas.cli import main
-from drmas.config import ConfigError
-from drmas.config import load_config as load_settings_only
+from drmas.config import ConfigError, read_config
 from drmas.config.sections import SYSTEM_SETTINGS, SystemSettings
 from drmas.config.systems import MathSettings, ReviseSettings, SearchSettings
 from drmas.config.tasks import ArithmeticSettings, MathFileSettings
@@ -60,7 +59,7 @@ def test_a_name_nothing_registered_is_reported_and_the_settings_only_loader_keep
     with pytest.raises(ConfigError, match=r"system.name: 'negotiation' is not a registered orchestra.*plugins"):
         load_config(SMOKE, ["system.name=negotiation", "system.rounds=3"])
     # the buffer reads configs without importing the systems: it keeps the name, checks no key it cannot know
-    assert load_settings_only(SMOKE, ["system.name=negotiation", "system.rounds=3"]).system == SystemSettings(name="negotiation")
+    assert read_config(SMOKE, ["system.name=negotiation", "system.rounds=3"]).system == SystemSettings(name="negotiation")
 
 
 def test_config_keys_lists_the_settings_of_every_registered_system_and_task(capsys):

@@ -22,7 +22,7 @@ from tb_events import tensorboard_scalars
 from test_policy import _samples
 
 from drmas.colocated import ColocatedRun
-from drmas.config import load_config
+from drmas.config import read_config
 from drmas.config.schema import AlgorithmConfig, OptimConfig
 from drmas.learner.policy import PolicyTrainer, UpdateStopped
 from drmas.models.loading import load_model
@@ -102,7 +102,7 @@ def test_sigterm_during_a_checkpoint_write_finishes_the_checkpoint_and_stops(tmp
 
 
 def _cfg(out: Path, *overrides: str):
-    return load_config(SMOKE, [f"trainer.output_dir={out}", "logging.tensorboard=true", *QUICK, *overrides])
+    return read_config(SMOKE, [f"trainer.output_dir={out}", "logging.tensorboard=true", *QUICK, *overrides])
 
 
 def _tear(out: Path, step: int) -> Path:

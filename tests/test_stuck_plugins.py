@@ -1,6 +1,6 @@
 """Issue 33, defect 2: a plugin episode that never ends, or blocks, is bounded. A real plugin file (written here,
 beside the toy system of tests/fixtures/plugins) whose orchestra, on one question, asks for turns forever or blocks in
-`time.sleep` (or whose scripted referee or calculator tool blocks), trained on the smoke run's tiny model in the
+`time.sleep` (or whose scripted referee or calculator service blocks), trained on the smoke run's tiny model in the
 colocated loop and in the async pipeline: the run trains its steps; that question's episodes are dropped, logged once
 with where the plugin was, and counted (`rollout/episodes_over_bound/<reason>`). The runner's side of it, with a
 scripted engine: tests/test_episode_bounds.py."""
@@ -24,7 +24,7 @@ the calculator again and again), or its orchestra, referee or calculator blocks 
 import time
 from dataclasses import dataclass
 
-from drmas.api import AGENT_ROLES, ORCHESTRAS, AgentTurn, SystemSettings, TeamContext, ToolCall, help_field
+from drmas.api import AGENT_ROLES, ORCHESTRAS, AgentTurn, ServiceCall, SystemSettings, TeamContext, help_field
 from toy_mas import Calculator, Referee, ToyOrchestra, ToySettings
 
 SETTINGS = []  # the orchestra's (the referee is built without them)
@@ -65,14 +65,14 @@ class StuckReferee(Referee):
 class StuckOrchestra(ToyOrchestra):
     def __init__(self, settings, agents_by_role, task):  # the referee agent plays stuck_referee
         super().__init__(settings, {**agents_by_role, "referee": agents_by_role["stuck_referee"]}, task)
-        self.tools = {"calc": SleepyCalculator()}
+        self.services = {"calc": SleepyCalculator()}
         SETTINGS.append(settings)
 
     def run(self, problem):
         s = self.settings
         while problem.question == s.loops_on:
             if s.loop_with == "calc":
-                yield ToolCall("calc", [1, 1])
+                yield ServiceCall("calc", [1, 1])
             elif s.loop_with == "referee":
                 yield AgentTurn(self.names["referee"], [{"role": "user", "content": "again"}], state="again")
             else:
@@ -96,7 +96,7 @@ def _dropped(caplog) -> list[str]:
 @pytest.mark.parametrize(("loop_with", "bound", "expected"), [
     ("referee", "", "at agent 'referee' failed in episode s0-g0-e0: OverBound: asked for agent turn 1025, past "
                     "rollout.max_episode_turns=1024"),
-    ("calc", "", "at tool 'calc' failed in episode s0-g0-e0: OverBound: asked for tool call 1025, past "
+    ("calc", "", "at service 'calc' failed in episode s0-g0-e0: OverBound: asked for service call 1025, past "
                  "rollout.max_episode_tool_calls=1024"),
     ("proposer", "rollout.max_episode_turns=8", "at agent 'proposer' failed in episode s0-g0-e0: OverBound: asked for "
                                                 "agent turn 9, past rollout.max_episode_turns=8"),
@@ -124,7 +124,7 @@ def test_an_orchestra_asking_for_turns_forever_is_dropped_at_its_bound_and_the_r
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("blocker", "plugin"), [
     ("orchestra", "orchestra 'StuckOrchestra'"), ("referee", "scripted agent 'referee'"),
-    ("calc", "tool 'calc' at call_batch")])
+    ("calc", "service 'calc' at call_batch")])
 def test_plugin_code_blocking_in_time_sleep_costs_its_episodes_and_the_run_trains(
     stuck_config, tmp_path, caplog, blocker, plugin
 ):

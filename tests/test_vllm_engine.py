@@ -175,9 +175,9 @@ def smoke_engine():
     """The smoke config's format-primed tiny model: its turns end at EOS after different numbers of tokens,
     as real agents' do (the random model runs every turn to its length cap)."""
     from drmas import assembly
-    from drmas.config import load_config
+    from drmas.config import read_config
 
-    eng = VLLMEngine("policy", assembly.model_path(load_config(SMOKE), "policy"), engine_args=SMALL_KV)
+    eng = VLLMEngine("policy", assembly.model_path(read_config(SMOKE), "policy"), engine_args=SMALL_KV)
     try:
         yield eng
     finally:
@@ -186,10 +186,10 @@ def smoke_engine():
 
 def _math_runner(engine, barrier: bool, on_round=None):
     from drmas import assembly
-    from drmas.config import load_config
+    from drmas.config import read_config
     from drmas.episodes import EpisodeRequest, EpisodeRunner
 
-    cfg = load_config(SMOKE, ["rollout.max_new_tokens=48"])
+    cfg = read_config(SMOKE, ["rollout.max_new_tokens=48"])
     task = assembly.build_task(cfg)
     runner = EpisodeRunner(assembly.build_orchestra(cfg, task), {"policy": engine}, assembly.agent_specs(cfg),
                            cfg.algorithm.invalid_penalty, seed=0, barrier=barrier, on_round=on_round)

@@ -1,4 +1,4 @@
-"""Load a config: schema defaults <- YAML file <- `key=value` overrides, then validate.
+"""Read a config: schema defaults <- YAML file <- `key=value` overrides, then validate (`read_config`).
 
 Every mistake is reported before any work starts, naming the offending key (with the closest valid key
 for a typo) or the impossible value, so a long run never dies an hour in on a config error.
@@ -48,12 +48,13 @@ class Layer:
     plugins: Optional[list[PluginSpec]] = None
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DrmasConfig:
-    """Resolve the config from an optional YAML file plus dotted `key=value` overrides.
+def read_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DrmasConfig:
+    """An optional YAML file plus dotted `key=value` overrides, parsed and validated into a DrmasConfig: nothing
+    is imported and no registered name is checked (the config package imports no code it configures). The run's
+    config is `drmas.assembly.load_config`'s, which imports the config's plugins first and checks those names.
 
-    Plugins are not imported here (the config package imports no code it configures): `drmas.assembly.load_config`
-    imports them first. Without them, a `system` or `task` section naming a name no imported module registered
-    is kept as its name alone (its other keys unchecked); `drmas.assembly.load_config` reports the name."""
+    Without the plugins, a `system` or `task` section naming a name no imported module registered is kept as its
+    name alone (its other keys unchecked); `drmas.assembly.load_config` reports the name."""
     return build_config(read_layers(path, overrides))
 
 

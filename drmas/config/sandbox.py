@@ -1,6 +1,7 @@
-"""`sandbox`: limits of the code-execution tool (`drmas.tools.sandbox.SandboxTool`) that runs model-written Python.
+"""`sandbox`: limits of the code-execution service (`drmas.tools.sandbox.SandboxService`) that runs model-written
+Python.
 
-Not a top-level section of DrmasConfig: the tool belongs to the orchestra that uses it (a code system's
+Not a top-level section of DrmasConfig: the service belongs to the orchestra that uses it (a code system's
 settings embed a `SandboxConfig`), so each system says where its sandbox settings live, and `where` names
 that place in every error.
 """
@@ -20,7 +21,7 @@ NETWORK_ISOLATION = ("netns", "userns", "seccomp")
 @dataclass
 class SandboxConfig(Section):
     workers: int = _f(
-        4, "Programs run at once by one sandbox tool: a batch's requests run in parallel up to this many, the "
+        4, "Programs run at once by one sandbox service: a batch's requests run in parallel up to this many, the "
         "rest wait for a free worker. Each worker is one process tree at a time.")
     timeout_s: float = _f(
         10.0, "Wall-clock limit of one program, from its start (the interpreter's ~0.1 s included); then the "
@@ -52,7 +53,7 @@ class SandboxConfig(Section):
         "pid namespaces, for a user without root where the kernel allows it), 'seccomp' (a filter that refuses "
         "every socket but AF_UNIX; x86_64 and aarch64). Each result says which one held ('none': none did).")
     require_network_isolation: bool = _f(
-        True, "Refuse to run (an error when the tool starts) where no method of `network_isolation` works; "
+        True, "Refuse to run (an error when the service starts) where no method of `network_isolation` works; "
         "false: run such programs with the network and say so in each result and the log.")
     uid_base: Optional[int] = _f(
         2_147_000_000, "When drmas runs as root, worker N runs programs as uid uid_base + N (no account needed): "
@@ -60,7 +61,7 @@ class SandboxConfig(Section):
         "applies. null: programs run as root, without a process limit.")
     python: Optional[str] = _f(
         None, "Interpreter the programs run in, with -I (null: the one running drmas). As root without namespaces "
-        "(the seccomp fallback) it must be one every user may read, e.g. /usr/bin/python3: the tool refuses "
+        "(the seccomp fallback) it must be one every user may read, e.g. /usr/bin/python3: the service refuses "
         "to start otherwise (with namespaces, one under /root is shown to the programs' uid).")
     tmp_dir: Optional[str] = _f(
         None, "Where each program's working directory is made and removed afterwards (null: the system's temp "

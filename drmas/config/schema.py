@@ -232,7 +232,7 @@ class RolloutConfig:
     top_p: float = _f(1.0, "Default nucleus sampling top_p.")
     max_batch_size: int = _f(64, "Most sequences an engine generates at once.")
     max_consecutive_episode_failures: int = _f(
-        32, "Episodes dropped in a row because a plugin (orchestra, tool, scripted agent, reward) raised, none "
+        32, "Episodes dropped in a row because a plugin (orchestra, service, scripted agent, reward) raised, none "
         "ending well, after which the process stops with that error instead of spinning (one failing episode is "
         "only dropped, logged and counted in rollout/episodes_failed).",
     )
@@ -243,18 +243,18 @@ class RolloutConfig:
         "orchestra that never returns cannot run forever.",
     )
     max_episode_tool_calls: int = _f(
-        1024, "Tool calls one episode may make (a request answered PENDING and asked again counts once); the next "
-        "one ends it as dropped (rollout/episodes_over_bound/tool_calls).",
+        1024, "Service calls (ServiceCall) one episode may make (a request answered PENDING and asked again counts "
+        "once); the next one ends it as dropped (rollout/episodes_over_bound/tool_calls).",
     )
     episode_timeout_s: float = _f(
         3600.0, "Longest wall time of one episode, from its start: past it the episode is dropped wherever it is, "
-        "waiting for an engine or a tool or inside a plugin call (abandoned, see plugin_call_timeout_s; "
+        "waiting for an engine or a service or inside a plugin call (abandoned, see plugin_call_timeout_s; "
         "rollout/episodes_over_bound/time). Must exceed the system's own episode_timeout_s where it has one "
         "(system.episode_timeout_s of the external system's gateway).",
     )
     plugin_call_timeout_s: float = _f(
         600.0, "Longest one plugin call may block the episode driver: a step of an orchestra's episode, a scripted "
-        "agent's reply, a tool's call_batch. Plugin code runs in a thread of the driver's for this; a call past it "
+        "agent's reply, a service's call_batch. Plugin code runs in a thread of the driver's for this; a call past it "
         "is abandoned in that thread, its stack logged, and the episodes waiting on it are dropped "
         "(rollout/episodes_over_bound/stuck); the others go on. 0: plugin code runs in the driver's own thread, "
         "with no bound on one call.",

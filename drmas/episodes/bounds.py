@@ -1,14 +1,14 @@
 """The longest an episode may run, and what an episode past it becomes.
 
 An orchestra is user code: one that never returns (it yields turns forever) or blocks (a `time.sleep`, a
-deadlock, a tool that never answers) would otherwise hold its episode, its GRPO group and, blocking, the whole
+deadlock, a service that never answers) would otherwise hold its episode, its GRPO group and, blocking, the whole
 driver forever. So every episode has bounds (`rollout.*`, checked by the episode runner):
 
-* `max_episode_turns` agent turns (LLM or scripted) and `max_episode_tool_calls` tool calls: the turn past
+* `max_episode_turns` agent turns (LLM or scripted) and `max_episode_tool_calls` service calls: the turn past
   either is not served; the episode ends there;
 * `episode_timeout_s` of wall time from its start, wherever the episode is when it passes (waiting for an
-  engine, a tool, or inside a plugin call);
-* `plugin_call_timeout_s`: one plugin call (an episode step, a scripted reply, a tool batch) blocks the driver
+  engine, a service, or inside a plugin call);
+* `plugin_call_timeout_s`: one plugin call (an episode step, a scripted reply, a service batch) blocks the driver
   at most this long, and never past the last deadline of the episodes it serves; the call is then abandoned
   in its thread (`drmas.episodes.plugin_thread`) and those episodes end. More than `max_stuck_plugin_calls`
   abandoned calls still blocked stop the process (`EpisodeFailures`), naming the last one.
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from drmas.config.schema import RolloutConfig
-from drmas.mas.base import ToolCall
+from drmas.mas.base import ServiceCall
 from drmas.episodes.plugin_thread import where
 
-REASONS = ("turns", "tool_calls", "time", "stuck")  # rollout/episodes_over_bound/<reason>
+REASONS = ("turns", "tool_calls", "time", "stuck")  # rollout/episodes_over_bound/<reason> (tool_calls: service calls)
 SLOW_CALL_S = 60.0  # a plugin call running this long is logged (with its stack) while it is waited for
 
 
@@ -48,7 +48,7 @@ class EpisodeBounds:
     """The bounds of every episode of a runner (`rollout.*`, see the module docstring)."""
 
     max_turns: int
-    max_tool_calls: int
+    max_tool_calls: int  # of service calls (rollout.max_episode_tool_calls: the key keeps its name)
     timeout_s: float
     call_timeout_s: float  # 0: plugin calls run in the driver's thread, unbounded
     max_stuck_calls: int
@@ -71,7 +71,7 @@ class EpisodeBounds:
         return now + self.call_timeout_s if last is None else min(now + self.call_timeout_s, last)
 
     def expired(self, stack: traceback.StackSummary | None) -> OverBound:
-        """The end of an episode that outlived its deadline while it waited (for an engine, a tool, its turn)."""
+        """The end of an episode that outlived its deadline while it waited (for an engine, a service, its turn)."""
         return OverBound("time", f"did not end within rollout.episode_timeout_s={self.timeout_s:g} s", stack)
 
     def stuck(self, now: float, budget: Budget, stack: traceback.StackSummary) -> OverBound:
@@ -98,14 +98,15 @@ class Budget:
     bounds: EpisodeBounds
     deadline: float  # time.monotonic() past which it ends
     turns: int = 0
-    tool_calls: int = 0
+    tool_calls: int = 0  # service calls, counted against max_tool_calls
 
     def count(self, turn: object) -> Optional[OverBound]:
-        """Count the turn (an AgentTurn) or tool call the episode asks for next; an OverBound if it is one too many."""
-        if isinstance(turn, ToolCall):
+        """Count the turn (an AgentTurn) or service call the episode asks for next; an OverBound if it is one too
+        many."""
+        if isinstance(turn, ServiceCall):
             self.tool_calls += 1
             if self.tool_calls > self.bounds.max_tool_calls:
-                return OverBound("tool_calls", f"asked for tool call {self.tool_calls}, past "
+                return OverBound("tool_calls", f"asked for service call {self.tool_calls}, past "
                                                f"rollout.max_episode_tool_calls={self.bounds.max_tool_calls}")
             return None
         self.turns += 1

@@ -1,6 +1,6 @@
 """What a failing plugin costs: its episode, not the process.
 
-Plugins (orchestras, tools, scripted agents, the rewards an orchestra returns) are user code running inside
+Plugins (orchestras, services, scripted agents, the rewards an orchestra returns) are user code running inside
 the long-running processes, so one that raises on one episode must not end a rollout (or the colocated run).
 The episode runner turns such an exception into an `EpisodeFailure` and drops that episode; the `FailureBook`
 here logs it once (the traceback only with the first occurrence of each distinct error, so a recurring bug
@@ -11,7 +11,7 @@ exception, instead of letting the process spin without producing anything. A `dr
 one of its bounds (`drmas.episodes.bounds.OverBound`) is dropped the same way, counted per reason, and logged with
 where its plugin was instead of a traceback.
 
-One traceback per distinct error, and only that error's: a tool's batch that raised is retried one request at a
+One traceback per distinct error, and only that error's: a service's batch that raised is retried one request at a
 time outside its exception handler, so a request's own error does not carry the batch's as its context.
 """
 
@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EpisodeFailure:
-    """Why an episode was dropped: which plugin (`kind` orchestra, tool or scripted agent, and its `name`)
-    raised what, at which agent or tool (`at`, may be empty)."""
+    """Why an episode was dropped: which plugin (`kind` orchestra, service or scripted agent, and its `name`)
+    raised what, at which agent or service (`at`, may be empty)."""
 
     request: EpisodeRequest
     kind: str
@@ -53,16 +53,16 @@ class EpisodeFailures(RuntimeError):
 
 
 @dataclass(frozen=True)
-class ToolFailed:
-    """What `call_isolated` returns in place of the result of a request the tool failed on."""
+class ServiceFailed:
+    """What `call_isolated` returns in place of the result of a request the service failed on."""
 
     at: str  # "call_batch" (it raised) or "results" (a wrong number of them)
     error: BaseException
 
 
-def call_isolated(tool: str, call_batch: Callable[[list], Sequence], requests: list) -> list:
+def call_isolated(service: str, call_batch: Callable[[list], Sequence], requests: list) -> list:
     """`call_batch(requests)`, one result per request; if it raises, each request is tried alone, so that
-    only the requests that raise get a `ToolFailed`. A wrong number of results fails the whole batch (which
+    only the requests that raise get a `ServiceFailed`. A wrong number of results fails the whole batch (which
     result belongs to which request is unknown)."""
     try:
         results = list(call_batch(requests))
@@ -70,13 +70,13 @@ def call_isolated(tool: str, call_batch: Callable[[list], Sequence], requests: l
         raise
     except Exception as exc:
         if len(requests) == 1:
-            return [ToolFailed("call_batch", exc)]
+            return [ServiceFailed("call_batch", exc)]
         results = None
     if results is None:  # retried outside the handler: a request's own error is logged alone, not "during" the batch's
-        return [result for request in requests for result in call_isolated(tool, call_batch, [request])]
+        return [result for request in requests for result in call_isolated(service, call_batch, [request])]
     if len(results) != len(requests):
-        error = RuntimeError(f"tool {tool!r} returned {len(results)} results for {len(requests)} requests")
-        return [ToolFailed("results", error)] * len(requests)
+        error = RuntimeError(f"service {service!r} returned {len(results)} results for {len(requests)} requests")
+        return [ServiceFailed("results", error)] * len(requests)
     return results
 
 

@@ -1,9 +1,9 @@
 """Every call into plugin code on behalf of episodes, and what an episode becomes when one fails or blocks.
 
-Plugins (the orchestra's generator, scripted agents, tools) are user code; the episode loop calls them only
+Plugins (the orchestra's generator, scripted agents, services) are user code; the episode loop calls them only
 through `PluginCalls`, which runs each call in the plugin thread (`drmas.episodes.plugin_thread`) under the
 episodes' bounds (`drmas.episodes.bounds`), and turns what goes wrong into dropped episodes
-(`drmas.episodes.failures`): an exception, a turn for an unknown agent or tool, an outcome that cannot be
+(`drmas.episodes.failures`): an exception, a turn for an unknown agent or service, an outcome that cannot be
 trained on, a bound passed, a call abandoned at its deadline. Only the episodes a call was made for are
 dropped; the others go on. Stepping one episode (its orchestra, its scripted agents) is
 `drmas.episodes.stepping`'s; this module acts on what a step returns, in the driver's thread.
@@ -32,19 +32,19 @@ class PluginCalls:
     """Plugin calls for the episodes of one runner; an ended or dropped episode goes to `on_result` (the
     stream's), counted in `handed_over`."""
 
-    def __init__(self, orchestra: Orchestra, name: str, agents: Mapping[str, AgentSpec], tools: Mapping[str, object],
+    def __init__(self, orchestra: Orchestra, name: str, agents: Mapping[str, AgentSpec], services: Mapping[str, object],
                  invalid_penalty: float, bounds: EpisodeBounds, failures: FailureBook) -> None:
         self.name, self.agents, self.invalid_penalty = name, agents, invalid_penalty
         self.bounds, self.failures = bounds, failures
         self.thread = PluginThread(slow_after_s=SLOW_CALL_S)
-        self.stepper = Stepper(orchestra, name, agents, tools)
+        self.stepper = Stepper(orchestra, name, agents, services)
         self.on_result: Callable[[EpisodeResult], None] = lambda result: None  # the stream's, while one runs
         self.handed_over = 0
 
     def advance(self, item: LiveEpisode, response: object, live: list[LiveEpisode],
                 error: Optional[Exception] = None) -> None:
-        """Send the response or tool result (None to start; or throw `error`, a turn the engine refused) and
-        either queue the episode on `live`, waiting on what it asks an engine or a tool for next, or end it
+        """Send the response or service result (None to start; or throw `error`, a turn the engine refused) and
+        either queue the episode on `live`, waiting on what it asks an engine or a service for next, or end it
         (`Stepper.advance`, in the plugin thread: scripted agents' turns are answered there, as they come)."""
         if time.monotonic() >= item.budget.deadline:
             self.end_late(item)

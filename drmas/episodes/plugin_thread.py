@@ -1,6 +1,6 @@
 """Plugin code in a thread of the driver's, so a call that blocks costs a bounded wait, not the driver.
 
-The episode runner hands every plugin call (an episode's step, a scripted reply, a tool's batch) to `call`,
+The episode runner hands every plugin call (an episode's step, a scripted reply, a service's batch) to `call`,
 which runs it in a worker thread and waits for it until a deadline: one call at a time, in the driver's order,
 so plugins see the calls they would see inline. The handoff is two locks, a few microseconds a call
 (`bench/plugin_calls.py`). A call that is not back by its deadline raises `Stuck` with the stack where the

@@ -1,6 +1,6 @@
 """Drive many multi-agent episodes at once, handing each agent turn to its engine as soon as it is asked for.
 
-Each orchestra episode is a generator waiting on one agent turn (or tool call). The runner submits every
+Each orchestra episode is a generator waiting on one agent turn (or service call). The runner submits every
 pending turn to the engine of the agent's model at once (`drmas.engines.base.RequestEngine`) and steps the
 engines; whatever turn an engine returns goes straight back to its episode, whose next turn is submitted
 before the next step. An engine with continuous batching (vLLM) therefore never waits for the slowest
@@ -17,7 +17,7 @@ This module is the loop and nothing else; each of its seams is a part of its own
 
 * `drmas.episodes.submission`: turns on engines (a turn's prompt and sampling, a turn the engine refuses
   thrown into its episode), and the hold, interrupt and release that weight loading needs;
-* `drmas.episodes.services`: tool calls batched across episodes, and answers that come from outside (the
+* `drmas.episodes.services`: service calls batched across episodes, and answers that come from outside (the
   gateway's HTTP calls);
 * `drmas.episodes.isolation` (with `stepping`, `plugin_thread`, `bounds`, `failures`): every plugin call, each
   bounded; a plugin that fails or blocks, or an episode past a bound, costs only its episodes (dropped, logged,
@@ -36,7 +36,7 @@ from drmas.mas.base import Orchestra
 from drmas.episodes.bounds import DEFAULT_BOUNDS, EpisodeBounds
 from drmas.episodes.failures import FailureBook
 from drmas.episodes.isolation import PluginCalls
-from drmas.episodes.services import ToolCalls
+from drmas.episodes.services import ServiceCalls, orchestra_services
 from drmas.episodes.stepping import LiveEpisode
 from drmas.episodes.submission import EngineRequests, returned
 from drmas.episodes.types import AgentSpec, EpisodeRequest, EpisodeResult
@@ -71,16 +71,16 @@ class EpisodeRunner:
             raise ValueError(f"the orchestra needs agents {missing} that are not configured")
         self._engines = EngineRequests(engines, agents, seed)
         self.orchestra, self.engines, self.agents = orchestra, engines, agents
-        self.tools = dict(getattr(orchestra, "tools", None) or {})
+        self.services = orchestra_services(orchestra)
         self.invalid_penalty, self.seed, self.on_round, self.barrier = invalid_penalty, seed, on_round, barrier
         self.failures = FailureBook(max_consecutive_failures)
         if getattr(orchestra, "driver_thread", False):  # its code is bound to the driver's thread: run it there
             bounds = dataclasses.replace(bounds, call_timeout_s=0.0)
         self.bounds = bounds
         name = str(getattr(orchestra, "name", "") or type(orchestra).__name__)
-        self._plugins = PluginCalls(orchestra, name, agents, self.tools, invalid_penalty, bounds, self.failures)
-        self._tools = ToolCalls(self.tools, self._plugins)
-        self._waiting: list[LiveEpisode] = []  # episodes whose turn is not submitted yet (or that wait on a tool)
+        self._plugins = PluginCalls(orchestra, name, agents, self.services, invalid_penalty, bounds, self.failures)
+        self._services = ServiceCalls(self.services, self._plugins)
+        self._waiting: list[LiveEpisode] = []  # episodes whose turn is not submitted yet (or that wait on a service)
         self._next_deadline = float("inf")  # the earliest deadline of a live episode (or later)
 
     def run(self, requests: Sequence[EpisodeRequest]) -> list[EpisodeResult]:
@@ -118,7 +118,7 @@ class EpisodeRunner:
 
     def _round(self, admit: Callable[[int], Optional[Sequence[EpisodeRequest]]], more: bool) -> bool:
         """Admit (while `more` may come), then take every live episode as far as it goes: past its deadline,
-        through its tool calls, onto its engine, and one engine step. Returns whether more may still come."""
+        through its service calls, onto its engine, and one engine step. Returns whether more may still come."""
         if more:
             new = admit(self.live)
             more = new is not None
@@ -128,11 +128,11 @@ class EpisodeRunner:
             return more
         self._expire()
         if not self._engines:  # engines idle: let outside answers gather before the next step
-            self._waiting = self._tools.wait_outside(self._waiting)
+            self._waiting = self._services.wait_outside(self._waiting)
         before = self._plugins.handed_over
-        self._waiting = self._tools.answer(self._waiting)
+        self._waiting = self._services.answer(self._waiting)
         if more and self._plugins.handed_over > before and not self._engines:
-            return more  # episodes ended on a tool's answer: start their successors in this step, not the next
+            return more  # episodes ended on a service's answer: start their successors in this step, not the next
         self._submit_waiting()
         if self.on_round is not None:
             self.on_round()

@@ -1,7 +1,7 @@
-"""An episode between two engine or tool turns: the plugin side of the episode driver.
+"""An episode between two engine turns or service calls: the plugin side of the episode driver.
 
 `Stepper.advance` takes a live episode from the reply it waits for (or from its start) to what it asks an
-engine or a tool for next: it sends the reply into the orchestra's generator (or throws the engine's refusal
+engine or a service for next: it sends the reply into the orchestra's generator (or throws the engine's refusal
 in), checks the turn it yields, counts it against the episode's bounds (`drmas.episodes.bounds`) and answers a
 scripted agent's turn at once, in the same step. It touches nothing but its own episode, so the runner runs it
 in the plugin thread (`drmas.episodes.plugin_thread`) and can abandon it there when it blocks; the runner acts
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from drmas.engines.base import SamplingParams
-from drmas.mas.base import AgentTurn, Orchestra, ToolCall
+from drmas.mas.base import AgentTurn, Orchestra, ServiceCall
 from drmas.episodes.bounds import Budget
 from drmas.episodes.samples import Call
 
@@ -29,7 +29,7 @@ class LiveEpisode:
     request: EpisodeRequest
     budget: Budget
     episode: object = None  # the orchestra's generator, once started
-    turn: AgentTurn | ToolCall | None = None  # what the episode waits for
+    turn: AgentTurn | ServiceCall | None = None  # what the episode waits for
     calls: list[Call] = field(default_factory=list)
     submitted: str = ""  # the engine request id of `turn` while it runs
     prompt_ids: list[int] = field(default_factory=list)  # of `turn`, once submitted
@@ -55,12 +55,13 @@ class Failed:
 
 
 class Stepper:
-    def __init__(self, orchestra: Orchestra, name: str, agents: Mapping[str, AgentSpec], tools: Mapping[str, object]):
-        self.orchestra, self.name, self.agents, self.tools = orchestra, name, agents, tools
+    def __init__(self, orchestra: Orchestra, name: str, agents: Mapping[str, AgentSpec],
+                 services: Mapping[str, object]):
+        self.orchestra, self.name, self.agents, self.services = orchestra, name, agents, services
 
     def advance(self, item: LiveEpisode, response: object, error: Optional[Exception] = None) -> Ended | Failed | None:
         """Send `response` (None to start; or throw `error`, a turn the engine refused) and go on to the episode's
-        next engine turn or tool call (None: it waits on `item.turn`), its end, or its failure."""
+        next engine turn or service call (None: it waits on `item.turn`), its end, or its failure."""
         if item.episode is None:
             item.plugin = ("orchestra", self.name, "start")
             try:
@@ -98,12 +99,12 @@ class Stepper:
             item.calls.append(Call(turn.agent, "", [], None))  # a turn without a sample
 
     def _check_turn(self, turn: object) -> None:
-        if isinstance(turn, ToolCall):
-            if turn.tool not in self.tools:
-                raise ValueError(f"orchestra called tool {turn.tool!r} which it does not provide "
-                                 f"(its tools: {sorted(self.tools) or 'none'})")
+        if isinstance(turn, ServiceCall):
+            if turn.service not in self.services:
+                raise ValueError(f"orchestra called service {turn.service!r} which it does not provide "
+                                 f"(its services: {sorted(self.services) or 'none'})")
         elif not isinstance(turn, AgentTurn):
-            raise TypeError(f"orchestra yielded {type(turn).__name__}, not an AgentTurn or a ToolCall")
+            raise TypeError(f"orchestra yielded {type(turn).__name__}, not an AgentTurn or a ServiceCall")
         elif turn.agent not in self.agents:
             raise ValueError(f"orchestra asked for agent {turn.agent!r} which is not configured")
 
@@ -112,8 +113,8 @@ def at(where: object) -> str:
     """What an episode was at, for a failure's message: the turn it yielded last, or a place's name."""
     if isinstance(where, AgentTurn):
         return f"agent {where.agent!r}"
-    if isinstance(where, ToolCall):
-        return f"tool {where.tool!r}"
+    if isinstance(where, ServiceCall):
+        return f"service {where.service!r}"
     return where if isinstance(where, str) else ""
 
 

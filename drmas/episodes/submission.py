@@ -18,7 +18,7 @@ from typing import Mapping, Optional
 
 from drmas.core.tool_calls import prompt_ids
 from drmas.engines.base import Engine, Generation, SamplingParams, request_level
-from drmas.mas.base import AgentTurn, Reply, ToolCall
+from drmas.mas.base import AgentTurn, Reply, ServiceCall
 from drmas.episodes.samples import Call
 from drmas.episodes.stepping import LiveEpisode
 from drmas.episodes.turn_sampling import turn_sampling
@@ -53,8 +53,8 @@ class EngineRequests:
         return len(self._running)
 
     def can_submit(self, item: LiveEpisode) -> bool:
-        """Whether the episode waits on an agent turn (not a tool's answer) of a model that is not held."""
-        return not isinstance(item.turn, ToolCall) and self._model_of(item) not in self._held
+        """Whether the episode waits on an agent turn (not a service's answer) of a model that is not held."""
+        return not isinstance(item.turn, ServiceCall) and self._model_of(item) not in self._held
 
     def submit(self, item: LiveEpisode) -> Optional[Exception]:
         """Submit the episode's turn; what refused it (the engine, or messages that cannot be encoded) is returned,

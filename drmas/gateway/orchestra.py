@@ -10,7 +10,7 @@ episode). Staleness, holds, interrupts, groups and everything downstream are the
 unchanged.
 
 One episode generator per admitted episode: it opens a gateway episode of its problem (handed to the next
-`POST /drmas/v1/episodes`), then waits on the `gateway` tool, which answers PENDING until the program's next
+`POST /drmas/v1/episodes`), then waits on the `gateway` service, which answers PENDING until the program's next
 event arrives. A call is generated (n choices, one after another) and answered; an end computes the outcome (the
 reported reward, or the task's grade of the reported answer; per-agent and per-call rewards map onto
 `EpisodeOutcome.agent_rewards` / `turn_rewards`, calls reported invalid onto invalid turns); a drop (timeout, or the program exited) returns an outcome
@@ -36,16 +36,16 @@ from drmas.gateway.openai_api import ApiError, RewardRequest, bad_request
 from drmas.gateway.program import AgentProgram, resolve_command
 from drmas.gateway.service import GatewayService
 from drmas.mas import ORCHESTRAS
-from drmas.mas.base import AgentTurn, EpisodeGenerator, EpisodeOutcome, Reply, ToolCall, TurnResult
+from drmas.mas.base import AgentTurn, EpisodeGenerator, EpisodeOutcome, Reply, ServiceCall, TurnResult
 from drmas.tasks.base import Problem, Task
 
 log = logging.getLogger(__name__)
 
-GATEWAY = "gateway"  # the tool the episodes wait on
+GATEWAY = "gateway"  # the service the episodes wait on
 
 
 class _Inbound:
-    """The `gateway` tool: each episode's next event from the program, PENDING until it arrives."""
+    """The `gateway` service: each episode's next event from the program, PENDING until it arrives."""
 
     def __init__(self, orchestra: "ExternalOrchestra") -> None:
         self._orchestra = orchestra
@@ -76,7 +76,7 @@ class ExternalOrchestra:
         self.in_flight = in_flight
         self.argv, self.cwd = resolve_command(settings.command, settings.workdir)
         self.inbox = Inbox(settings.episode_timeout_s, settings.batch_wait_s)
-        self.tools = {GATEWAY: _Inbound(self)}
+        self.services = {GATEWAY: _Inbound(self)}
         self.service: Optional[GatewayService] = None
         self.program: Optional[AgentProgram] = None
         self.calls = 0
@@ -127,7 +127,7 @@ class ExternalOrchestra:
         turns: list[TurnResult] = []
         call_turns: dict[str, list[int]] = {}  # completion id -> its turns (one per choice)
         while True:
-            event = yield ToolCall(GATEWAY, episode_id)
+            event = yield ServiceCall(GATEWAY, episode_id)
             if isinstance(event, Dropped):
                 self.inbox.forget(episode_id, f"was dropped: {event.reason}")
                 return EpisodeOutcome(0.0, turns, dropped=event.reason, info={"calls": float(len(call_turns))})

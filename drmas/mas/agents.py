@@ -100,7 +100,7 @@ class ScriptedRole(RoleAgent):
     opponent. The orchestra yields its turns like any other (`AgentTurn`, with whatever it needs in `state`);
     the episode driver answers them with `respond`, in the episode's own step. Its agent has no model
     (`agents.<name>: {role: <this role>}`), makes no sample and gets no reward; its turns still appear in
-    `EpisodeOutcome.turns`. Expensive work shared by many episodes belongs in a `Tool` (batched) instead.
+    `EpisodeOutcome.turns`. Expensive work shared by many episodes belongs in a `Service` (batched) instead.
 
     The prompt-building parts of `RoleAgent` have neutral defaults here: an orchestra may build a scripted
     role's messages like an LLM role's (so the config can swap either in) or pass `state` only."""

@@ -6,10 +6,11 @@ episode is over it *returns* an `EpisodeOutcome`. The orchestra never touches en
 processes, so one driver can interleave hundreds of episodes and batch their calls per engine, and the
 same orchestra runs in the colocated loop, in rollout processes and in evaluation.
 
-An episode may also yield a `ToolCall` (e.g. a retrieval) and is sent back the tool's result. Tools belong
-to the orchestra (`Orchestra.tools`) but the driver makes the calls: it gathers the pending calls of all
-live episodes and makes one batched call per tool, so a retrieval server sees one request per round rather
-than one per episode.
+An episode may also yield a `ServiceCall` (e.g. a retrieval) and is sent back the service's result. Services
+belong to the orchestra (`Orchestra.services`) but the driver makes the calls: it gathers the pending calls of
+all live episodes and makes one batched call per service, so a retrieval server sees one request per round
+rather than one per episode. (A service is not an LLM tool: the functions a model may call are `AgentTurn.tools`,
+OpenAI function definitions rendered into its prompt, `drmas.core.tool_calls`.)
 
 An agent turn is answered by an LLM, or by code when the agent's role is scripted (`ScriptedRole`, e.g. an
 environment): the orchestra yields the same `AgentTurn` either way, so which agents are models is the
@@ -18,9 +19,9 @@ model, messages its chat template refuses) is thrown into the episode at its `yi
 orchestra whose turns come from outside (the external system's gateway) catches it and reports it there;
 any other lets it end the run, as a bug.
 
-A tool may also answer `PENDING` for a request whose result is not there yet because it comes from outside the
-driver (an agent program calling over HTTP): the episode keeps waiting on it and is asked again next round.
-Such a tool has `wait_for_answers(requests)`, which the driver calls when no engine has work, to sleep until
+A service may also answer `PENDING` for a request whose result is not there yet because it comes from outside
+the driver (an agent program calling over HTTP): the episode keeps waiting on it and is asked again next round.
+Such a service has `wait_for_answers(requests)`, which the driver calls when no engine has work, to sleep until
 one of those requests can be answered (or a short while).
 
 Rewards: `EpisodeOutcome.reward` is the episode's task reward (what held-out evaluation reports as accuracy)
@@ -33,6 +34,7 @@ its own, `agent_rewards` each agent. Precedence, per turn: `turn_rewards[i]` whe
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Generator, Mapping, Optional, Protocol, Sequence, Union
 
@@ -72,24 +74,47 @@ class _Pending:
         return "PENDING"
 
 
-PENDING: Any = _Pending()  # a tool's answer for a request whose result is not there yet (see the module docstring)
+PENDING: Any = _Pending()  # a service's answer for a request whose result is not there yet (see the module docstring)
 
 
-@dataclass
-class ToolCall:
-    """A request from the orchestra to its tool `tool` (a key of `Orchestra.tools`); the episode is sent
-    back that tool's result for `request`. Tool calls are not agent turns: they produce no sample."""
+_NO_ARGUMENT: Any = object()
 
-    tool: str
+
+@dataclass(init=False)
+class ServiceCall:
+    """A request from the orchestra to its service `service` (a key of `Orchestra.services`); the episode is sent
+    back that service's result for `request`. Service calls are not agent turns: they produce no sample.
+
+    `tool=` and `.tool` (the field's name when this was `ToolCall`) still work for one release, with a
+    DeprecationWarning."""
+
+    service: str
     request: Any
 
+    def __init__(self, service: str = _NO_ARGUMENT, request: Any = _NO_ARGUMENT, *, tool: str = _NO_ARGUMENT) -> None:
+        if tool is not _NO_ARGUMENT:
+            if service is not _NO_ARGUMENT:
+                raise TypeError("ServiceCall takes `service` or the deprecated `tool`, not both")
+            warnings.warn("ServiceCall(tool=...) is deprecated: name the service with `service=`",
+                          DeprecationWarning, stacklevel=2)
+            service = tool
+        if service is _NO_ARGUMENT or request is _NO_ARGUMENT:
+            raise TypeError("ServiceCall needs a service name and a request")
+        self.service, self.request = service, request
 
-class Tool(Protocol):
+    @property
+    def tool(self) -> str:
+        """Deprecated: `service`."""
+        warnings.warn("ServiceCall.tool is deprecated: read `service`", DeprecationWarning, stacklevel=2)
+        return self.service
+
+
+class Service(Protocol):
     """Something an orchestra's episodes call between agent turns, batched across episodes by the driver."""
 
     def call_batch(self, requests: Sequence[Any]) -> list[Any]:
         """One result per request, in order (`PENDING` for one not answerable yet, see the module docstring).
-        An exception ends the driver's run, so a tool that can recover from a failure (e.g. by retrying) does
+        An exception ends the driver's run, so a service that can recover from a failure (e.g. by retrying) does
         so itself."""
         ...
 
@@ -128,21 +153,22 @@ class EpisodeOutcome:
         return float(self.reward)
 
 
-EpisodeGenerator = Generator[Union[AgentTurn, ToolCall], Any, EpisodeOutcome]
+EpisodeGenerator = Generator[Union[AgentTurn, ServiceCall], Any, EpisodeOutcome]
 
 
 class Orchestra(Protocol):
-    """Turn logic of one multi-agent system; `agents` lists the agent names it needs, `tools` the tools
-    its episodes call by name (empty for a system without any).
+    """Turn logic of one multi-agent system; `agents` lists the agent names it needs, `services` the services
+    its episodes call by name (empty for a system without any; an orchestra that has the deprecated `tools`
+    instead still works, with a DeprecationWarning).
 
-    The driver runs its code (episode steps, scripted roles, tools) in a thread of its own, bounded in time
+    The driver runs its code (episode steps, scripted roles, services) in a thread of its own, bounded in time
     (`drmas.episodes.bounds`); an orchestra whose code must run in the driver's own thread sets an attribute
     `driver_thread = True` (the external system: the program it starts is bound to the thread that starts it)."""
 
     agents: tuple[str, ...]
-    tools: Mapping[str, Tool]
+    services: Mapping[str, Service]
 
     def run(self, problem: Problem) -> EpisodeGenerator:
-        """Yield AgentTurns (sent back response texts) and ToolCalls (sent back tool results); return the
+        """Yield AgentTurns (sent back response texts) and ServiceCalls (sent back service results); return the
         EpisodeOutcome."""
         ...

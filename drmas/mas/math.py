@@ -51,7 +51,7 @@ class MathOrchestra:
         self.solver_name: str = agents_by_role[SOLVER]
         self.verifier_name: str = agents_by_role[VERIFIER]
         self.agents: tuple[str, ...] = (self.solver_name, self.verifier_name)
-        self.tools: dict = {}  # the math system calls no tools
+        self.services: dict = {}  # the math system calls no services
         self.solver: RoleAgent = AGENT_ROLES.get(SOLVER)()
         self.verifier: RoleAgent = AGENT_ROLES.get(VERIFIER)()
 

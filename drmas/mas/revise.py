@@ -95,7 +95,7 @@ class ReviseOrchestra:
         self.solver_name: str = agents_by_role[SOLVER]
         self.reviser_name: str = agents_by_role[REVISER]
         self.agents: tuple[str, ...] = (self.solver_name, self.reviser_name)
-        self.tools: dict = {}  # the checker is the task's grader, called in-process
+        self.services: dict = {}  # the checker is the task's grader, called in-process
         self.solver = AGENT_ROLES.get(SOLVER)()
         self.reviser = AGENT_ROLES.get(REVISER)()
 

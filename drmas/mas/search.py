@@ -23,7 +23,7 @@ grades with `drmas.tasks.qa_grading` itself rather than through `task.grade`, so
 system's setting whatever the task was built with. The invalid-action penalty is applied per sample by
 the episode runner (`algorithm.invalid_penalty`).
 
-Retrieval is the orchestra's one tool (`RETRIEVE`): an episode yields a `ToolCall` with its query and the
+Retrieval is the orchestra's one service (`RETRIEVE`): an episode yields a `ServiceCall` with its query and the
 episode runner batches the queries of all episodes searching in the same round into one `search` call
 (one HTTP request for a retrieval server, one BM25/faiss batch in process).
 """
@@ -36,7 +36,7 @@ from typing import Generator, Mapping, Optional, Sequence
 from drmas.config.systems import ROUTES, SearchSettings
 from drmas.mas import ORCHESTRAS
 from drmas.mas.agents import AGENT_ROLES, RoleAgent
-from drmas.mas.base import AgentTurn, EpisodeGenerator, EpisodeOutcome, ToolCall, TurnResult
+from drmas.mas.base import AgentTurn, EpisodeGenerator, EpisodeOutcome, ServiceCall, TurnResult
 from drmas.mas.search_agents import YES, SearchContext
 from drmas.retrieval.base import Hit, Retriever
 from drmas.tasks.base import Problem, Task
@@ -46,12 +46,12 @@ ROUTER = "router"
 SEARCHER = "searcher"
 ANSWERER = "answerer"
 ROLES = (ROUTER, SEARCHER, ANSWERER)
-RETRIEVE = "retrieve"  # the tool name episodes call with a query
+RETRIEVE = "retrieve"  # the service name episodes call with a query
 MALFORMED_ANSWERS, MALFORMED_SEARCHES = ROUTES  # values of system.malformed_route
 
 
-class RetrievalTool:
-    """The search system's tool: a batch of queries -> each query's top-k hits, in one retriever call."""
+class RetrievalService:
+    """The search system's service: a batch of queries -> each query's top-k hits, in one retriever call."""
 
     def __init__(self, retriever: Retriever, topk: int) -> None:
         self.retriever = retriever
@@ -102,7 +102,7 @@ class SearchOrchestra:
         self.task = task
         self.retriever = retriever
         self.topk = topk
-        self.tools = {RETRIEVE: RetrievalTool(retriever, topk)}
+        self.services = {RETRIEVE: RetrievalService(retriever, topk)}
         self.names: dict[str, str] = {role: agents_by_role[role] for role in ROLES}
         self.agents: tuple[str, ...] = tuple(self.names[role] for role in ROLES)
         self.roles: dict[str, RoleAgent] = {role: AGENT_ROLES.get(role)() for role in ROLES}
@@ -149,7 +149,7 @@ class SearchOrchestra:
             return self.malformed_route == MALFORMED_ANSWERS
         return verdict == YES
 
-    def _search(self, problem: Problem, episode: _Episode) -> Generator[AgentTurn | ToolCall, object, None]:
+    def _search(self, problem: Problem, episode: _Episode) -> Generator[AgentTurn | ServiceCall, object, None]:
         """One searcher call and, when it wrote a query, one retrieval whose passages join the history."""
         text = yield from self._call(SEARCHER, problem, episode)
         query = self.roles[SEARCHER].parse(text)
@@ -157,7 +157,7 @@ class SearchOrchestra:
             episode.failed_searches += 1
             episode.context.add_search(None)
             return
-        hits = yield ToolCall(RETRIEVE, query)
+        hits = yield ServiceCall(RETRIEVE, query)
         episode.searches += 1
         episode.retrieved_ids.extend(hit.passage.id for hit in hits)
         episode.context.add_search(query, hits)

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Sequence
 
-from drmas.config import ConfigError, load_config
+from drmas.config import ConfigError, read_config
 from drmas.config.schema import DrmasConfig
 
 
@@ -99,9 +99,10 @@ def config_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def load_or_exit(prog: str, path: str | None, overrides: Sequence[str],
-                 loader: Callable[[str | None, Sequence[str]], DrmasConfig] = load_config) -> DrmasConfig:
-    """The config `loader` reads (the settings alone by default; `drmas.assembly.load_or_exit` also checks the
-    registered names), or exit 2 with the config error, before any socket or model is touched."""
+                 loader: Callable[[str | None, Sequence[str]], DrmasConfig] = read_config) -> DrmasConfig:
+    """The config `loader` reads (the settings alone by default, `read_config`; `drmas.assembly.load_or_exit`
+    loads the run's config, plugins imported and registered names checked), or exit 2 with the config error,
+    before any socket or model is touched."""
     try:
         return loader(path, overrides)
     except ConfigError as exc:

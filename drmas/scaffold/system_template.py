@@ -105,7 +105,7 @@ class TemplateSystemOrchestra:
         self.settings, self.task = settings, task
         self.names = {role: agents_by_role[role] for role in (WRITER, CRITIC)}  # role -> agent name
         self.agents = tuple(self.names.values())
-        self.tools: dict = {}  # tools the episodes call by name (objects with call_batch); none here
+        self.services: dict = {}  # services the episodes call by name (objects with call_batch); none here
         self.roles = {WRITER: Writer(), CRITIC: Critic()}
 
     def run(self, problem: Problem) -> EpisodeGenerator:

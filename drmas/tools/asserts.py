@@ -1,6 +1,6 @@
 """Run a solution against tests in the sandbox and say which passed: the check of a coder/tester system.
 
-`AssertTool` is an orchestra tool over a `SandboxTool`: a batch of `AssertRequest` (solution code and test
+`AssertService` is an orchestra service over a `SandboxService`: a batch of `AssertRequest` (solution code and test
 statements, usually one ``assert`` each) -> one `AssertReport` per request, all run in parallel on the
 sandbox's workers. Every test is reported: passed, failed with its error, or "not run" when the program
 ended before reaching it (the solution hung, crashed or exhausted a limit: `report.run` says how).
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from drmas.tools.outcome import SandboxRequest, SandboxResult
-from drmas.tools.sandbox import SandboxTool
+from drmas.tools.sandbox import SandboxService
 
 RUNNER = Path(__file__).with_name("assert_runner.py").read_text()
 NOT_RUN = "not run"
@@ -89,15 +89,15 @@ def read_report(result: SandboxResult, n_tests: int) -> AssertReport:
     return AssertReport(outcomes=outcomes, run=result, solution_error=solution_error)
 
 
-class AssertTool:
-    """Orchestra tool: a batch of AssertRequests -> their AssertReports, on `sandbox`'s workers."""
+class AssertService:
+    """Orchestra service: a batch of AssertRequests -> their AssertReports, on `sandbox`'s workers."""
 
-    def __init__(self, sandbox: SandboxTool) -> None:
+    def __init__(self, sandbox: SandboxService) -> None:
         self.sandbox = sandbox
 
     def call_batch(self, requests: Sequence[AssertRequest]) -> list[AssertReport]:
         for request in requests:
             if not isinstance(request, AssertRequest):
-                raise TypeError(f"AssertTool takes AssertRequests, got {type(request).__name__}")
+                raise TypeError(f"AssertService takes AssertRequests, got {type(request).__name__}")
         results = self.sandbox.call_batch([assert_request(request) for request in requests])
         return [read_report(result, len(request.tests)) for request, result in zip(requests, results)]

@@ -1,13 +1,13 @@
-"""The code-execution tool of an orchestra: model-written Python in, one `SandboxResult` per program out.
+"""The code-execution service of an orchestra: model-written Python in, one `SandboxResult` per program out.
 
-`SandboxTool` implements the orchestra tool protocol (`drmas.mas.base.Tool.call_batch`): the episode runner
+`SandboxService` implements the orchestra service protocol (`drmas.mas.base.Service.call_batch`): the episode runner
 hands it the programs of every episode waiting on it, and it runs them in parallel on `workers` worker slots
 (each a thread watching one confined process tree; the rest of a batch waits for a free slot). Whatever a
 program does (loops forever, allocates 10 GB, forks without end, crashes the interpreter, floods its
 output) it costs that program's result, with a status saying which, never the caller: `call_batch` does not
 raise for a program. What is confined and how: `drmas/tools/confine.py`; the statuses: `drmas.tools.outcome`.
 
-The tool runs a trivial program when it is made, so a sandbox that cannot work here (no way to cut the
+The service runs a trivial program when it is made, so a sandbox that cannot work here (no way to cut the
 network off while that is required, an interpreter that does not start) is one clear error before the
 first episode, not a failed result per call.
 """
@@ -31,11 +31,11 @@ Request = Union[str, SandboxRequest]  # a bare string is a program with no other
 
 
 class SandboxUnavailable(RuntimeError):
-    """The sandbox cannot run programs here as configured (raised when the tool is made)."""
+    """The sandbox cannot run programs here as configured (raised when the service is made)."""
 
 
-class SandboxTool:
-    """Orchestra tool: a batch of programs (a str, or a SandboxRequest with other files) -> one SandboxResult
+class SandboxService:
+    """Orchestra service: a batch of programs (a str, or a SandboxRequest with other files) -> one SandboxResult
     each. Worker slot N runs its programs as uid `uid_base + N` when drmas runs as root."""
 
     def __init__(self, config: SandboxConfig, where: str = "sandbox") -> None:
@@ -79,7 +79,7 @@ class SandboxTool:
         if problems:
             return SandboxResult(status="rejected", detail="; ".join(problems))
         if self._closing.is_set():
-            return SandboxResult(status="killed", detail="the sandbox tool is closed")
+            return SandboxResult(status="killed", detail="the sandbox service is closed")
         slot = self._slots.get()
         try:
             return run_program(request, self.config, self.config.uid_base + slot if self._root else None,
@@ -95,7 +95,7 @@ class SandboxTool:
         self._closing.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def __enter__(self) -> "SandboxTool":
+    def __enter__(self) -> "SandboxService":
         return self
 
     def __exit__(self, *exc) -> None:

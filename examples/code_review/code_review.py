@@ -35,17 +35,17 @@ from drmas.api import (
     AgentTurn,
     AssertReport,
     AssertRequest,
-    AssertTool,
+    AssertService,
     EpisodeGenerator,
     EpisodeOutcome,
     Problem,
     RoleAgent,
     SandboxConfig,
-    SandboxTool,
+    SandboxService,
+    ServiceCall,
     SystemSettings,
     Task,
     TeamContext,
-    ToolCall,
     TurnResult,
     help_field,
 )
@@ -165,12 +165,12 @@ class Tester(RoleAgent):
 
 
 class Checks:
-    """The episodes' tool: a batch of check lists (one per waiting episode, each a tuple of AssertRequests) ->
-    their reports, all run in one AssertTool batch so the sandbox's workers take every episode's programs
+    """The episodes' service: a batch of check lists (one per waiting episode, each a tuple of AssertRequests) ->
+    their reports, all run in one AssertService batch so the sandbox's workers take every episode's programs
     together."""
 
-    def __init__(self, sandbox: SandboxTool) -> None:
-        self.asserts = AssertTool(sandbox)
+    def __init__(self, sandbox: SandboxService) -> None:
+        self.asserts = AssertService(sandbox)
 
     def call_batch(self, requests: Sequence[tuple[AssertRequest, ...]]) -> list[list[AssertReport]]:
         reports = iter(self.asserts.call_batch([check for checks in requests for check in checks]))
@@ -187,7 +187,7 @@ class CodeReview:
         self.names = {role: agents_by_role[role] for role in (CODER, TESTER)}
         self.agents = tuple(self.names.values())
         self.roles = {CODER: Coder(), TESTER: Tester()}
-        self.tools = {"checks": Checks(SandboxTool(settings.sandbox, where="system.sandbox"))}
+        self.services = {"checks": Checks(SandboxService(settings.sandbox, where="system.sandbox"))}
 
     def run(self, problem: Problem) -> EpisodeGenerator:
         meta, context, turns = problem.meta, TeamContext(), []
@@ -200,12 +200,13 @@ class CodeReview:
         checks = (self._check(code, meta["tests"]),
                   *((self._check(meta["reference"], asserts), self._check(meta["wrong"], asserts)) if asserts else ()),
                   *((self._check(code, asserts),) if revise else ()))
-        hidden_report, *on = yield ToolCall("checks", checks)
+        hidden_report, *on = yield ServiceCall("checks", checks)
         programs, revised = len(checks), 0
         while revise and not on[-1].all_passed and revised < self.settings.revisions:
             context.add("sandbox", _failures(asserts, on[-1], self.settings.feedback_chars))
             code = yield from self._code(problem, context, turns)
-            hidden_report, on[-1] = yield ToolCall("checks", (self._check(code, meta["tests"]), self._check(code, asserts)))
+            hidden_report, on[-1] = yield ServiceCall("checks", (self._check(code, meta["tests"]),
+                                                                 self._check(code, asserts)))
             programs, revised = programs + 2, revised + 1
         passed = hidden_report.n_passed / len(meta["tests"])
         sound = bool(asserts) and on[0].all_passed

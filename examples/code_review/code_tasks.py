@@ -92,7 +92,7 @@ class CodeTasks:
     def grade(self, problem: Problem, response: str) -> float:
         raise NotImplementedError(
             "code_tasks are graded by running the hidden tests in a sandbox: use a system that owns one (code_review "
-            "runs problem.meta['tests'] against the solution with its AssertTool)")
+            "runs problem.meta['tests'] against the solution with its AssertService)")
 
 
 @TASKS.register("code_tasks", settings=CodeTaskSettings)

@@ -194,15 +194,15 @@ def render(records: list[dict]) -> str:
 
 def verify(records: list[dict], sandbox=None) -> list[str]:
     """What is wrong with `records` when run in the sandbox: a reference that fails a hidden test, a wrong
-    solution that passes them all. `sandbox`: a SandboxTool (default: one with the default limits)."""
-    from drmas.api import AssertRequest, AssertTool, SandboxConfig, SandboxTool
+    solution that passes them all. `sandbox`: a SandboxService (default: one with the default limits)."""
+    from drmas.api import AssertRequest, AssertService, SandboxConfig, SandboxService
 
     own = sandbox is None
-    sandbox = sandbox or SandboxTool(SandboxConfig(workers=2, timeout_s=10), where="make_tasks")
+    sandbox = sandbox or SandboxService(SandboxConfig(workers=2, timeout_s=10), where="make_tasks")
     try:
         requests = [AssertRequest(r[key], tuple(r["tests"]), per_test_timeout_s=2.0)
                     for r in records for key in ("reference", "wrong")]
-        reports = AssertTool(sandbox).call_batch(requests)
+        reports = AssertService(sandbox).call_batch(requests)
     finally:
         if own:
             sandbox.close()

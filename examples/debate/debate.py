@@ -142,7 +142,7 @@ class Debate:
         self.settings, self.task = settings, task
         self.names = {role: agents_by_role[role] for role in (*SOLVERS, JUDGE)}
         self.agents = tuple(self.names.values())
-        self.tools: dict = {}
+        self.services: dict = {}
         self.roles = {SOLVERS[0]: SolverOne(), SOLVERS[1]: SolverTwo(), JUDGE: Judge()}
         for role in self.roles.values():
             role.reply_chars = settings.reply_chars
