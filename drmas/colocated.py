@@ -205,7 +205,7 @@ class ColocatedRun:
         """eval.interval: evaluate the weights of this step (the engines hold them since the step's push)."""
         evaluation = intervals.due(self.step)
         if evaluation is not None:
-            evaluation.run(self.eval_runner, kinds.questions_per_call(self.cfg))  # its sink logs and writes it
+            evaluation.run(self.eval_runner)  # its sink writes and logs the report
 
     def _stopped_line(self) -> str:
         how = f"stopped by {self.stop.signal_name or 'request'} at step {self.step} of {self.cfg.trainer.steps}"

@@ -65,7 +65,7 @@ def final_interval_eval(cfg: DrmasConfig, task: Task, say: Callable[[str], None]
             evaluation = kinds.interval(cfg, kinds.load_benchmarks(cfg, task), version, evals, runner.orchestra.agents,
                                         say, versions={model_id: [version, version] for model_id in model_dirs})
             say(f"evaluating version {version} from the final checkpoints (eval.interval; {evaluation.missing} episodes)")
-            return evaluation.run(runner, kinds.questions_per_call(cfg))
+            return evaluation.run(runner)
     finally:
         evals.close()
 

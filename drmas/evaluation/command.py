@@ -117,7 +117,7 @@ def run_evaluation(ev: Evaluation, questions_per_chunk: Optional[int] = None,
             if cfg.eval.resume:
                 log(f"eval.resume: {evaluation.resumed} of {total} questions taken from {out / outputs.QUESTIONS_FILE}")
             bar.update(evaluation.resumed * k)
-            report = evaluation.run(ev.runner, questions_per_chunk or kinds.questions_per_call(cfg))
+            report = evaluation.run(ev.runner, questions_per_chunk)
         finally:
             evaluation.sink.close()
     log(f"eval results written to {out / outputs.REPORT_FILE}")

@@ -12,9 +12,9 @@ a source and a sink (built in `kinds.py`) handed to this one `Evaluator`:
 * `EvalSink`: told each finished question (`question`: `drmas eval` streams them to a file it can resume
   from), and asked for the report once every episode is in (`report`: it writes it wherever it belongs).
 
-Whoever runs the episodes drives the evaluator one of two ways: `run(runner, n)` runs them on an
-`EpisodeRunner` n questions per call (the colocated loop, the launcher, `drmas eval`); inside an episode stream
-(rollout 0, `stream.py`) `next_requests` hands out questions as slots free up and `record` takes each result.
+Whoever runs the episodes drives the evaluator one of two ways: `run(runner)` runs them on an `EpisodeRunner`,
+a few questions per call (the colocated loop, the launcher, `drmas eval`); inside an episode stream (rollout 0,
+`interval.StreamEvaluations`) `next_requests` hands out questions as slots free up and `record` takes each result.
 """
 
 from __future__ import annotations
@@ -37,13 +37,15 @@ Done = Mapping[tuple[str, str], Sequence[EpisodeOutcome]]  # (benchmark, uid) ->
 class EvalSource:
     """Which episodes an evaluation runs: `k` per question of every benchmark, sampled with `agents` (None:
     as the runner samples), ids `eval/<benchmark>/q<i>/s<j>`, or `<tag>-<uid>` with a `tag` (k must be 1).
-    `sampling`: how the reports record the sampling (`{"k", "temperature", "top_p", "seed"}`)."""
+    `sampling`: how the reports record the sampling (`{"k", "temperature", "top_p", "seed"}`); `per_call`:
+    questions per `runner.run` call when run directly (bounding the episodes alive at once; 0: all in one)."""
 
     benchmarks: Mapping[str, Sequence[Problem]]
     k: int = 1
     agents: Optional[Mapping[str, AgentSpec]] = None
     tag: Optional[str] = None
     sampling: dict = field(default_factory=dict)
+    per_call: int = 0
 
     def __post_init__(self) -> None:
         if self.tag is not None and self.k != 1:
@@ -144,10 +146,11 @@ class Evaluator:
             raise RuntimeError(f"the evaluation still misses {self.missing} episodes")
         return self.sink.report(self)
 
-    def run(self, runner: EpisodeRunner, questions_per_call: int = 0) -> dict:
-        """Run every episode on `runner`, `questions_per_call` questions per `runner.run` call (bounding the
-        episodes alive at once; 0: all in one call), and return the sink's report."""
-        per_call = questions_per_call or len(self._questions)
+    def run(self, runner: EpisodeRunner, questions_per_call: Optional[int] = None) -> dict:
+        """Run every episode on `runner`, `questions_per_call` questions per `runner.run` call (None: the
+        source's `per_call`; 0: all in one call), and return the sink's report."""
+        per_call = self.source.per_call if questions_per_call is None else questions_per_call
+        per_call = per_call or len(self._questions)
         while not self.finished:
             for result in runner.run(self.next_requests(per_call)):
                 self.record(result)

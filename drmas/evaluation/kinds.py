@@ -59,16 +59,13 @@ def checkpoint(cfg: DrmasConfig, benchmarks: Mapping[str, Sequence[Problem]], ou
     return Evaluator(benchmark_source(cfg, benchmarks), sink, done)
 
 
-def questions_per_call(cfg: DrmasConfig) -> int:
-    """Questions (k episodes each) per `runner.run` call of a benchmark evaluation."""
-    return max(1, CHUNK_BATCHES * cfg.rollout.max_batch_size // cfg.eval.k)
-
-
 def benchmark_source(cfg: DrmasConfig, benchmarks: Mapping[str, Sequence[Problem]]) -> EvalSource:
-    """`eval.k` episodes per question of every benchmark, sampled as `eval_agent_specs` says."""
+    """`eval.k` episodes per question of every benchmark, sampled as `eval_agent_specs` says, run a few
+    engine batches at a time (`CHUNK_BATCHES`)."""
     sampling = {"k": cfg.eval.k, "temperature": cfg.eval.k_temperature, "top_p": cfg.eval.k_top_p,
                 "seed": cfg.trainer.seed}
-    return EvalSource(benchmarks, cfg.eval.k, eval_agent_specs(cfg), sampling=sampling)
+    per_call = max(1, CHUNK_BATCHES * cfg.rollout.max_batch_size // cfg.eval.k)
+    return EvalSource(benchmarks, cfg.eval.k, eval_agent_specs(cfg), sampling=sampling, per_call=per_call)
 
 
 def eval_agent_specs(cfg: DrmasConfig) -> dict[str, AgentSpec]:
