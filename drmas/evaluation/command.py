@@ -132,8 +132,7 @@ def provenance(ev: Evaluation) -> dict:
         "step": ev.step,
         "models": {model_id: str(path) for model_id, path in ev.model_dirs.items()},
         "model_checkpoints": ev.model_checkpoints(),
-        "sampling": {"k": cfg.eval.k, "temperature": cfg.eval.k_temperature, "top_p": cfg.eval.k_top_p,
-                     "seed": cfg.trainer.seed},
+        "sampling": kinds.sampling_record(cfg),
         "system": cfg.system.name,
         "task": cfg.task.name,
     }

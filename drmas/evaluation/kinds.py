@@ -62,10 +62,13 @@ def checkpoint(cfg: DrmasConfig, benchmarks: Mapping[str, Sequence[Problem]], ou
 def benchmark_source(cfg: DrmasConfig, benchmarks: Mapping[str, Sequence[Problem]]) -> EvalSource:
     """`eval.k` episodes per question of every benchmark, sampled as `eval_agent_specs` says, run a few
     engine batches at a time (`CHUNK_BATCHES`)."""
-    sampling = {"k": cfg.eval.k, "temperature": cfg.eval.k_temperature, "top_p": cfg.eval.k_top_p,
-                "seed": cfg.trainer.seed}
     per_call = max(1, CHUNK_BATCHES * cfg.rollout.max_batch_size // cfg.eval.k)
-    return EvalSource(benchmarks, cfg.eval.k, eval_agent_specs(cfg), sampling=sampling, per_call=per_call)
+    return EvalSource(benchmarks, cfg.eval.k, eval_agent_specs(cfg), sampling=sampling_record(cfg), per_call=per_call)
+
+
+def sampling_record(cfg: DrmasConfig) -> dict:
+    """How the benchmark kinds' reports record their sampling (`sampling` of evals.jsonl and eval.json)."""
+    return {"k": cfg.eval.k, "temperature": cfg.eval.k_temperature, "top_p": cfg.eval.k_top_p, "seed": cfg.trainer.seed}
 
 
 def eval_agent_specs(cfg: DrmasConfig) -> dict[str, AgentSpec]:
