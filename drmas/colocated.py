@@ -26,11 +26,10 @@ from drmas import assembly
 from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
 from drmas.core.sample import Sample
-from drmas.evaluation import heldout_accuracy
-from drmas.evaluation.command import CHUNK_BATCHES
-from drmas.evaluation.evals_log import EvalLog, summary_line
-from drmas.evaluation.interval import IntervalSchedule, RunningEvaluation, evaluate_now
-from drmas.evaluation.sampling import eval_agent_specs, load_benchmarks
+from drmas.evaluation import kinds
+from drmas.evaluation.evals_log import EvalLog
+from drmas.evaluation.heldout import accuracy_scalars
+from drmas.evaluation.interval import IntervalEvaluations
 from drmas.learner.advantage import step_advantages
 from drmas.learner.policy import PolicyTrainer, UpdateStopped
 from drmas.learner.running_stats import AgentRewardStats
@@ -71,8 +70,7 @@ class ColocatedRun:
                                                    assembly.agent_specs(cfg, temperature=cfg.eval.temperature),
                                                    on_round=self._between_rounds)
         # eval.interval: its questions are read (and a bad benchmark file refused) before the directory is claimed
-        self.interval_benchmarks = load_benchmarks(cfg, self.task) if cfg.eval.interval else {}
-        self.interval_agents = eval_agent_specs(cfg)
+        self.interval_benchmarks = kinds.load_benchmarks(cfg, self.task) if cfg.eval.interval else {}
         # built and checked (data files, models, devices): only now is the directory claimed, so a refused run
         # leaves nothing that would refuse the corrected command (nor deleted the old run for trainer.overwrite)
         self.out = claim_output_dir(cfg.trainer.output_dir, cfg.trainer.resume, cfg.trainer.overwrite)
@@ -154,18 +152,14 @@ class ColocatedRun:
         writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard, resumed_at=resumed_at)
         self.prompts = StepRecords(self.out / PROMPTS_FILE, resumed_at=resumed_at)
         evals = EvalLog(self.out, tensorboard=cfg.logging.tensorboard, resumed_at=resumed_at, metrics=writer)
-        schedule = IntervalSchedule(cfg.eval.interval, done=evals.done)
-        test = list(self.task.split("test"))[: cfg.eval.n_problems]
+        intervals = IntervalEvaluations(cfg, self.interval_benchmarks, evals, self.orchestra.agents, self.log)
         try:
-            if not resumed and test:
-                self.accuracy["before"] = heldout_accuracy(self.eval_runner, test, "before")["accuracy"]
-                writer.log(self.step, {"eval/accuracy_before": self.accuracy["before"]})
-                self.log(f"held-out accuracy before training: {self.accuracy['before']:.3f} ({len(test)} problems)")
-            self._evaluate_if_due(schedule, evals)
-            self._train(writer, lambda: self._evaluate_if_due(schedule, evals))
-            if test and not self.stop.is_set():
-                self.accuracy["after"] = heldout_accuracy(self.eval_runner, test, "after")["accuracy"]
-                writer.log(self.step, {"eval/accuracy_after": self.accuracy["after"]})
+            if not resumed and (before := self._heldout("before", writer)):
+                self.log(f"held-out accuracy before training: {before['accuracy']:.3f} ({before['n']:.0f} problems)")
+            self._evaluate_if_due(intervals)
+            self._train(writer, lambda: self._evaluate_if_due(intervals))
+            if not self.stop.is_set():
+                self._heldout("after", writer)
         except StepAbandoned:
             pass  # a signal: the held-out evaluation in progress is dropped, the run saves below
         writer.close()
@@ -199,17 +193,19 @@ class ColocatedRun:
         finally:
             bar.close()
 
-    def _evaluate_if_due(self, schedule: IntervalSchedule, evals: EvalLog) -> None:
+    def _heldout(self, tag: str, writer: MetricsWriter) -> dict[str, float]:
+        """Held-out accuracy `tag` of the weights the engines hold, logged at this step ({}: no problems)."""
+        result = kinds.heldout(self.cfg, self.task, tag).run(self.eval_runner)
+        if result:
+            self.accuracy[tag] = result["accuracy"]
+            writer.log(self.step, accuracy_scalars({tag: result["accuracy"]}))
+        return result
+
+    def _evaluate_if_due(self, intervals: IntervalEvaluations) -> None:
         """eval.interval: evaluate the weights of this step (the engines hold them since the step's push)."""
-        if not schedule.due(self.step):
-            return
-        schedule.started(self.step)
-        evaluation = RunningEvaluation(self.cfg, self.step, self.interval_benchmarks, self.interval_agents,
-                                       self.orchestra.agents)
-        per_call = max(1, CHUNK_BATCHES * self.cfg.rollout.max_batch_size // self.cfg.eval.k)
-        report = evaluate_now(self.eval_runner, evaluation, per_call)
-        evals.write(report)
-        self.log(summary_line(report))
+        evaluation = intervals.due(self.step)
+        if evaluation is not None:
+            evaluation.run(self.eval_runner)  # its sink writes and logs the report
 
     def _stopped_line(self) -> str:
         how = f"stopped by {self.stop.signal_name or 'request'} at step {self.step} of {self.cfg.trainer.steps}"

@@ -14,31 +14,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 from drmas import assembly
 from drmas.config.schema import DrmasConfig
-from drmas.evaluation import outputs, resume
-from drmas.evaluation.behaviour import behaviour_stats
-from drmas.evaluation.models import ModelSource, checkpoint_step, model_sources
-from drmas.evaluation.passk import score_table
-from drmas.evaluation.sampling import (
-    BenchmarkSamples,
-    eval_agent_specs,
-    load_benchmarks,
-    sample_benchmark,
-    validate_eval_config,
-)
-from drmas.models import checkpoint as run_checkpoint
 from drmas.episodes import EpisodeRunner
+from drmas.evaluation import kinds, outputs, resume
+from drmas.evaluation.kinds import eval_agent_specs, load_benchmarks, validate_eval_config
+from drmas.evaluation.models import ModelSource, checkpoint_step, model_sources
+from drmas.models import checkpoint as run_checkpoint
 from drmas.tasks.base import Problem
-
-# Episodes alive at once per runner.run call, in units of the engine batch: a few batches keep the
-# engine's batches full while episodes finish at different rounds, and bound memory on big benchmarks.
-CHUNK_BATCHES = 4
 
 
 @dataclass
@@ -111,60 +98,43 @@ def run_evaluation(ev: Evaluation, questions_per_chunk: Optional[int] = None,
 
     from drmas.runtime.process import progress_bars_on
 
-    cfg, k = ev.cfg, ev.cfg.eval.k
-    if questions_per_chunk is None:
-        questions_per_chunk = max(1, CHUNK_BATCHES * cfg.rollout.max_batch_size // k)
-    total = sum(len(problems) for problems in ev.benchmarks.values()) * k
-    start = time.perf_counter()
-    out = ev.out
-    done = ev.done
+    cfg, k, out = ev.cfg, ev.cfg.eval.k, ev.out
     for stale in (outputs.REPORT_FILE, outputs.MARKDOWN_FILE):  # never leave an earlier run's results beside
         (out / stale).unlink(missing_ok=True)  # this run's questions if it is interrupted
     resume.write_settings(out, ev.settings)
-    questions = outputs.QuestionLog(out, keep=ev.kept)
-    resumed = sum(1 for name, problems in ev.benchmarks.items() for p in problems if (name, p.uid) in done)
-    if cfg.eval.resume:
-        log(f"eval.resume: {resumed} of {total // k} questions taken from {questions.path}")
+    total = sum(len(problems) for problems in ev.benchmarks.values())
+    shown = [next(iter(ev.benchmarks))]  # the benchmark the bar names: that of the question finished last
+    with tqdm(total=total * k, desc="eval", unit="episode", postfix=shown[0],
+              disable=not progress_bars_on(cfg.logging.progress_bar)) as bar:
+        def progress(benchmark: str) -> None:
+            if shown[0] != benchmark:
+                shown[0] = benchmark
+                bar.set_postfix_str(benchmark)
+            bar.update(k)
 
-    def record(name: str, problems: list[Problem], outcomes: list) -> None:
-        questions.append(name, problems, outcomes)
-        bar.update(len(problems) * k)
-
-    runs: list[BenchmarkSamples] = []
-    try:
-        with tqdm(total=total, initial=resumed * k, desc="eval", unit="episode",
-                  disable=not progress_bars_on(cfg.logging.progress_bar)) as bar:
-            for name, problems in ev.benchmarks.items():
-                bar.set_postfix_str(name)
-                finished = {uid: outcomes for (bench, uid), outcomes in done.items() if bench == name}
-                runs.append(sample_benchmark(ev.runner, name, problems, k, questions_per_chunk, record, finished))
-    finally:
-        questions.close()
-    report = build_report(ev, runs, wall_seconds=time.perf_counter() - start)
-    report["resumed_questions"] = resumed
-    outputs.write_report(out, report)
-    (out / outputs.MARKDOWN_FILE).write_text(outputs.markdown(report))
-    if cfg.logging.tensorboard:
-        outputs.write_tensorboard(out, report)
+        evaluation = kinds.checkpoint(cfg, ev.benchmarks, out, provenance(ev), ev.agents, ev.kept, ev.done, progress)
+        try:
+            if cfg.eval.resume:
+                log(f"eval.resume: {evaluation.resumed} of {total} questions taken from {out / outputs.QUESTIONS_FILE}")
+            bar.update(evaluation.resumed * k)
+            report = evaluation.run(ev.runner, questions_per_chunk)
+        finally:
+            evaluation.sink.close()
     log(f"eval results written to {out / outputs.REPORT_FILE}")
     return report
 
 
-def build_report(ev: Evaluation, runs: list[BenchmarkSamples], wall_seconds: float) -> dict:
-    """The eval.json content: `benchmarks` (the fixed shape), then behaviour and provenance."""
+def provenance(ev: Evaluation) -> dict:
+    """What eval.json says after the scores: what was evaluated, how it was sampled, the system and the task."""
     cfg = ev.cfg
     return {
-        "benchmarks": {run.name: score_table(run.rewards) for run in runs},
-        "behaviour": {run.name: behaviour_stats(run.flat_outcomes(), ev.agents) for run in runs},
         "checkpoint": str(ev.checkpoint) if ev.checkpoint is not None else None,
         "step": ev.step,
         "models": {model_id: str(path) for model_id, path in ev.model_dirs.items()},
         "model_checkpoints": ev.model_checkpoints(),
-        "sampling": {"k": cfg.eval.k, "temperature": cfg.eval.k_temperature, "top_p": cfg.eval.k_top_p,
-                     "seed": cfg.trainer.seed},
+        "sampling": kinds.sampling_record(cfg),
         "system": cfg.system.name,
         "task": cfg.task.name,
-        "wall_seconds": wall_seconds,
     }
 
 

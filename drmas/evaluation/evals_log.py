@@ -4,15 +4,17 @@ The file sits next to a metrics.jsonl: in the run directory when colocated, in `
 asynchronous pipeline (beside the launcher's held-out accuracy before and after, whichever rollout or launcher
 makes an evaluation), and its scalars go to that directory's TensorBoard run, at step = the version evaluated,
 so the `eval/` curves share their x axis with the learners' curves. The scalars are those of `drmas eval`
-(`outputs.tensorboard_scalars`): one naming for both.
+(`outputs.tensorboard_scalars`): one naming for both. `IntervalSink` is `eval.interval`'s sink (`kinds.interval`).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
+from drmas.evaluation.evaluator import EvalSink, Evaluator
 from drmas.evaluation.outputs import tensorboard_scalars
 from drmas.runtime.metrics import MetricsWriter, StepRecords
 
@@ -60,6 +62,32 @@ class EvalLog:
         self._records.close()
         if self._tb is not None:
             self._tb.close()
+
+
+class IntervalSink(EvalSink):
+    """One evaluation's record of evals.jsonl (and its scalars) and its console line (`say`): its scores and
+    behaviour (the shapes of `drmas eval`'s eval.json), the `version` it was started at (its step) and, per
+    model, the lowest and highest version that made its tokens (`versions`, from the samples themselves
+    unless given: in rollout 0's stream a push may land while the evaluation runs)."""
+
+    def __init__(self, evals: EvalLog, version: int, agent_names: Sequence[str], say: Callable[[str], None],
+                 versions: Optional[dict[str, list[int]]] = None) -> None:
+        self.evals, self.version, self.agent_names, self.say = evals, version, tuple(agent_names), say
+        self.versions = versions
+
+    def report(self, evaluation: Evaluator) -> dict:
+        spans: dict[str, list[int]] = {}
+        samples = 0
+        for _, _, model, version in evaluation.calls():
+            span = spans.setdefault(model, [version, version])
+            span[0], span[1] = min(span[0], version), max(span[1], version)
+            samples += 1
+        report = {"step": self.version, "version": self.version, "versions": spans if self.versions is None else self.versions,
+                  **evaluation.scores(self.agent_names), "samples": samples, "sampling": evaluation.source.sampling,
+                  "wall_seconds": time.monotonic() - evaluation.started_at}
+        self.evals.write(report)
+        self.say(summary_line(report))
+        return report
 
 
 def _newest_version(path: Path) -> Optional[int]:

@@ -106,11 +106,6 @@ def model_sources(cfg: DrmasConfig, checkpoint: Optional[Path], version: Optiona
     return _checkpoint_sources(cfg, checkpoint)
 
 
-def eval_model_dirs(cfg: DrmasConfig, checkpoint: Optional[Path]) -> dict[str, Path]:
-    """Model id -> HF directory to serve. Without a checkpoint every model comes from its config."""
-    return {model_id: source.path for model_id, source in model_sources(cfg, checkpoint).items()}
-
-
 def _checkpoint_sources(cfg: DrmasConfig, checkpoint: Path) -> dict[str, ModelSource]:
     """Sources for one checkpoint directory: its model directories, the config for models it cannot hold."""
     trained = set(assembly.trained_models(cfg))

@@ -8,10 +8,11 @@ evaluations never write into one directory and TensorBoard shows each as a run o
 evaluated. The same evaluation again is refused, as a second training run into one directory is: it would
 give the same samples; `eval.resume=true` continues an interrupted one or extends it with more questions.
 
-The report is one plain dict (see `command.build_report`); every sink renders that dict, so the JSON, the
-markdown table, the TensorBoard scalars and the rich table can never disagree. Per-question results are
-streamed to eval_questions.jsonl while the evaluation runs, with every episode's turns and info, so an
-interrupted evaluation can be resumed from them (see `resume.py`).
+`EvalDirSink` is `drmas eval`'s sink (`kinds.checkpoint`). Its report is one plain dict (the evaluator's
+scores, then `command.provenance`); every rendering takes that dict, so the JSON, the markdown table, the
+TensorBoard scalars and the rich table can never disagree. Per-question results are streamed to
+eval_questions.jsonl while the evaluation runs, with every episode's turns and info, so an interrupted
+evaluation can be resumed from them (see `resume.py`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import hashlib
 import json
 import math
 import os
+import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
+from drmas.evaluation.evaluator import EvalSink, Evaluator
 from drmas.mas.base import EpisodeOutcome, TurnResult
 from drmas.runtime.run_dir import EVALS_DIR
 from drmas.tasks.base import Problem
@@ -108,6 +111,35 @@ class QuestionLog:
 
     def close(self) -> None:
         self._handle.close()
+
+
+class EvalDirSink(EvalSink):
+    """Streams each finished question to eval_questions.jsonl (after the `kept` records of the run it resumes),
+    then writes the report to eval.json, eval.md and (with `tensorboard`) TensorBoard at its step.
+    `provenance`: what the report says after the scores (`command.provenance`); `on_question(benchmark)`: a
+    question finished (the progress bar). `close()` when done, finished or not."""
+
+    def __init__(self, out: Path, provenance: dict, agent_names: Sequence[str], tensorboard: bool,
+                 kept: Sequence[dict] = (), on_question: Callable[[str], None] = lambda _: None) -> None:
+        self.out, self.provenance, self.agent_names, self.tensorboard = out, provenance, tuple(agent_names), tensorboard
+        self.on_question = on_question
+        self.questions = QuestionLog(out, keep=kept)
+
+    def question(self, benchmark: str, problem: Problem, outcomes: list[EpisodeOutcome]) -> None:
+        self.questions.append(benchmark, [problem], [outcomes])
+        self.on_question(benchmark)
+
+    def report(self, evaluation: Evaluator) -> dict:
+        report = {**evaluation.scores(self.agent_names), **self.provenance,
+                  "wall_seconds": time.monotonic() - evaluation.started_at, "resumed_questions": evaluation.resumed}
+        write_report(self.out, report)
+        (self.out / MARKDOWN_FILE).write_text(markdown(report))
+        if self.tensorboard:
+            write_tensorboard(self.out, report)
+        return report
+
+    def close(self) -> None:
+        self.questions.close()
 
 
 def _fmt(value) -> str:

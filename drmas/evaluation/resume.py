@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from drmas.config.schema import DrmasConfig
-from drmas.evaluation import outputs
+from drmas.evaluation import kinds, outputs
 from drmas.mas.base import EpisodeOutcome
 
 RUN_FILE = "eval_run.json"
@@ -57,8 +57,7 @@ def sample_settings(cfg: DrmasConfig, checkpoint: Optional[Path], model_dirs: di
         "task": plain(cfg.task),
         "retrieval": _without_transport(plain(cfg.retrieval)),
         "invalid_penalty": cfg.algorithm.invalid_penalty,
-        "sampling": {"k": cfg.eval.k, "temperature": cfg.eval.k_temperature, "top_p": cfg.eval.k_top_p,
-                     "seed": cfg.trainer.seed, "engine": cfg.rollout.engine,
+        "sampling": {**kinds.sampling_record(cfg), "engine": cfg.rollout.engine,
                      "max_batch_size": cfg.rollout.max_batch_size},
         "benchmarks": plain(dict(cfg.eval.benchmarks)),
     }

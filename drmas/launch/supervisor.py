@@ -217,18 +217,17 @@ class Supervisor(ABC):
         if not self.cfg.eval.interval:
             return
         from drmas.evaluation.async_heldout import final_interval_eval
-        from drmas.evaluation.evals_log import summary_line
 
-        report = final_interval_eval(self.cfg, self.task, lambda line: self._say("launcher", line))
-        if report is not None:
-            self._say("launcher", summary_line(report))
+        final_interval_eval(self.cfg, self.task, lambda line: self._say("launcher", line))  # it says its summary
 
     def _report_accuracy(self, run_dir: Path, accuracy: dict) -> None:
         """`eval/accuracy_before` and `eval/accuracy_after` under `<output_dir>/eval/`, as the colocated run logs them."""
-        scalars = {f"eval/accuracy_{tag}": value for tag, value in accuracy.items() if value is not None}
+        from drmas.evaluation.heldout import accuracy_scalars
+        from drmas.runtime.metrics import MetricsWriter
+
+        scalars = accuracy_scalars(accuracy)
         if not scalars:
             return
-        from drmas.runtime.metrics import MetricsWriter
 
         writer = MetricsWriter(run_dir / "eval", tensorboard=self.cfg.logging.tensorboard)
         writer.log(self.cfg.trainer.steps, scalars)

@@ -27,7 +27,7 @@ are not sent. While the buffer withholds credit the loop keeps taking weight pus
 it must), so a full buffer never stalls a learner's push.
 
 With `eval.interval`, rollout 0 also evaluates the newest weights beside its training groups
-(`drmas.evaluation.stream`): the evaluation's episodes share the stream and the engines, take weight pushes
+(`drmas.evaluation.interval`): the evaluation's episodes share the stream and the engines, take weight pushes
 like every episode, and their results go to evals.jsonl, never to the buffer.
 
 Before the first group, the loop waits for the current weights of every trained model from its learner, so
@@ -50,7 +50,7 @@ from drmas import assembly
 from drmas.buffer import BufferProducer
 from drmas.config.schema import DrmasConfig
 from drmas.episodes import EpisodeRequest, EpisodeResult
-from drmas.evaluation.stream import StreamEvaluations
+from drmas.evaluation.interval import StreamEvaluations
 from drmas.runtime.endpoints import learner_endpoint
 from drmas.runtime.metrics import MetricsWriter
 from drmas.runtime.netsec import client_keys
