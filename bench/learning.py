@@ -36,7 +36,9 @@ from learning_stats import accuracy, gain  # noqa: E402
 from report import add_output_args, commit, replot, write_report  # noqa: E402
 from stability_stats import over_seeds  # noqa: E402
 
-CONFIG = "configs/learning.yaml"
+# The settings: `tiny` (the default) learns within the CPU budget; `smollm2` is the pilot of docs/learning.md
+SETTINGS = {"tiny": "configs/learning_tiny.yaml", "smollm2": "configs/learning.yaml"}
+TINY_PRIME_STEPS = 600  # priming steps of `tiny`'s starting model (bench/lookup.py: formats, not the skill)
 # --quick: the same loop and figures on a tiny format-primed model, to check the benchmark runs (not learning)
 QUICK = ["models.policy={builtin: tiny, tiny: {hidden_size: 64, num_layers: 2, num_heads: 2, intermediate_size: 128, "
          "seed: 0, prime_steps: 200}, optim: {lr: 1.0e-3}}", "eval.n_problems=8"]
@@ -108,6 +110,23 @@ def train_one(config: str, seed: int, steps: int | None, overrides: list[str], o
     }
 
 
+def primed_model(config: str, overrides: list[str]) -> str:
+    """The override pointing `tiny`'s config at its starting model: the config's tiny model primed on its task's
+    questions by bench/lookup.py, built once into the drmas cache (every seed starts from the same weights)."""
+    from lookup import prime_partial
+
+    from drmas.assembly import load_config
+    from drmas.core.cache import cache_dir
+    from drmas.models.loading import build_tiny_model
+
+    cfg = load_config(config, overrides)
+    base = build_tiny_model(cfg.models["policy"].tiny)
+    people, max_value = cfg.task.people, cfg.task.max_value
+    primed = cache_dir() / "models" / f"{base.name}-lookup-p{people}v{max_value}-s{TINY_PRIME_STEPS}"
+    prime_partial(base, primed, TINY_PRIME_STEPS, seed=0, people=people, max_value=max_value)
+    return f"models.policy.path={primed}"
+
+
 def _get(record: dict, key: str) -> float:
     value = record.get(key)
     return float(value) if value is not None else math.nan
@@ -167,7 +186,9 @@ def write_outputs(result: dict, out: Path, png: Path | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=CONFIG)
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="tiny",
+                        help="tiny: a primed tiny model on bench/lookup.py's task (default); smollm2: the pilot")
+    parser.add_argument("--config", help="a config of your own (default: the setting's)")
     parser.add_argument("--quick", action="store_true", help="a tiny model, 2 seeds x 2 steps: checks the bench runs")
     parser.add_argument("--seeds", type=int, help="number of seeds (0..N-1; default 3, quick 2)")
     parser.add_argument("--steps", type=int, help="optimizer steps per run (default: the config's)")
@@ -179,12 +200,15 @@ def main() -> None:
         return
     seeds = args.seeds or (QUICK_SEEDS if args.quick else 3)
     steps = args.steps or (QUICK_STEPS if args.quick else None)
+    config = args.config or SETTINGS[args.setting]
     overrides = [*(QUICK if args.quick else []), *args.overrides]
+    if args.setting == "tiny" and not args.quick and not args.config:
+        overrides = [*overrides, primed_model(config, overrides)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(train_one, args.config, seed, steps, overrides, str(out / f"seed{seed}"))
+        futures = [pool.submit(train_one, config, seed, steps, overrides, str(out / f"seed{seed}"))
                    for seed in range(seeds)]
         runs = []
         for seed, future in enumerate(futures):
@@ -192,7 +216,7 @@ def main() -> None:
             g = runs[-1]["gain"]
             print(f"done seed {seed}: {runs[-1]['before']['accuracy']:.3f} -> {runs[-1]['after']['accuracy']:.3f} "
                   f"(gain {g['gain']:+.3f} ± {g['se_paired']:.3f}) in {runs[-1]['wall_s']:.0f} s", flush=True)
-    meta = {"config": args.config, "seeds": list(range(seeds)), "overrides": overrides, "quick": args.quick,
+    meta = {"config": config, "seeds": list(range(seeds)), "overrides": overrides, "quick": args.quick,
             "jobs": args.jobs, "wall_s": time.monotonic() - start, "cpu_s": sum(r["cpu_s"] for r in runs),
             "commit": commit(), "cpus": os.cpu_count()}
     write_outputs({"meta": meta, "runs": runs}, out, Path(args.png or out / "learning.png"))
