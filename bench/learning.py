@@ -1,6 +1,6 @@
 """Learning benchmark: does RL with drmas raise held-out accuracy beyond noise in ~30 CPU minutes a seed?
 
-Each seed trains `configs/learning.yaml` (why that setting: its comments) in the single-process loop
+Each seed trains a setting (`--setting`; why each: its config's comments and docs/learning.md) in the single-process loop
 (drmas.colocated: no sockets, deterministic for a seed) and scores the same held-out problems greedily
 before and after training. Per seed it reports the accuracy before and after with Wilson 95% intervals,
 the gain with its paired standard error (same problems; the unpaired one too) and the per-agent training
@@ -36,9 +36,8 @@ from learning_stats import accuracy, gain  # noqa: E402
 from report import add_output_args, commit, replot, write_report  # noqa: E402
 from stability_stats import over_seeds  # noqa: E402
 
-# The settings: `tiny` (the default) learns within the CPU budget; `smollm2` is the pilot of docs/learning.md
-SETTINGS = {"tiny": "configs/learning_tiny.yaml", "smollm2": "configs/learning.yaml"}
-TINY_PRIME_STEPS = 600  # priming steps of `tiny`'s starting model (bench/lookup.py: formats, not the skill)
+# The settings (docs/learning.md): `lookup` (SmolLM2 on bench/lookup.py's task), `sums` (SmolLM2 on sums: a pilot)
+SETTINGS = {"lookup": "configs/learning_lookup.yaml", "sums": "configs/learning.yaml"}
 # --quick: the same loop and figures on a tiny format-primed model, to check the benchmark runs (not learning)
 QUICK = ["models.policy={builtin: tiny, tiny: {hidden_size: 64, num_layers: 2, num_heads: 2, intermediate_size: 128, "
          "seed: 0, prime_steps: 200}, optim: {lr: 1.0e-3}}", "eval.n_problems=8"]
@@ -110,23 +109,6 @@ def train_one(config: str, seed: int, steps: int | None, overrides: list[str], o
     }
 
 
-def primed_model(config: str, overrides: list[str]) -> str:
-    """The override pointing `tiny`'s config at its starting model: the config's tiny model primed on its task's
-    questions by bench/lookup.py, built once into the drmas cache (every seed starts from the same weights)."""
-    from lookup import prime_partial
-
-    from drmas.assembly import load_config
-    from drmas.core.cache import cache_dir
-    from drmas.models.loading import build_tiny_model
-
-    cfg = load_config(config, overrides)
-    base = build_tiny_model(cfg.models["policy"].tiny)
-    people, max_value = cfg.task.people, cfg.task.max_value
-    primed = cache_dir() / "models" / f"{base.name}-lookup-p{people}v{max_value}-s{TINY_PRIME_STEPS}"
-    prime_partial(base, primed, TINY_PRIME_STEPS, seed=0, people=people, max_value=max_value)
-    return f"models.policy.path={primed}"
-
-
 def _get(record: dict, key: str) -> float:
     value = record.get(key)
     return float(value) if value is not None else math.nan
@@ -186,8 +168,8 @@ def write_outputs(result: dict, out: Path, png: Path | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--setting", choices=sorted(SETTINGS), default="tiny",
-                        help="tiny: a primed tiny model on bench/lookup.py's task (default); smollm2: the pilot")
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="lookup",
+                        help="lookup: SmolLM2 on bench/lookup.py's task (default); sums: SmolLM2 on sums (a pilot)")
     parser.add_argument("--config", help="a config of your own (default: the setting's)")
     parser.add_argument("--quick", action="store_true", help="a tiny model, 2 seeds x 2 steps: checks the bench runs")
     parser.add_argument("--seeds", type=int, help="number of seeds (0..N-1; default 3, quick 2)")
@@ -202,8 +184,6 @@ def main() -> None:
     steps = args.steps or (QUICK_STEPS if args.quick else None)
     config = args.config or SETTINGS[args.setting]
     overrides = [*(QUICK if args.quick else []), *args.overrides]
-    if args.setting == "tiny" and not args.quick and not args.config:
-        overrides = [*overrides, primed_model(config, overrides)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()

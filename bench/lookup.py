@@ -1,26 +1,26 @@
-"""The learning benchmark's CPU setting: a task a tiny model can learn by RL in minutes, and its partial priming.
+"""The learning benchmark's `lookup` setting: a task and two role agents, a plugin written against `drmas.api` only.
 
-Task `lookup` (a plugin, written against `drmas.api` only): "Mia has 7 apples, Ben has 12 apples and Ava has
-3 apples. How many apples does Ben have?" The answer is one of the question's numbers, so a small transformer
-can learn it by attending to the right one: a skill that RL can find in a few hundred steps on 2 cores, where
-arithmetic needs a model too large to train there in 30 minutes (SmolLM2-135M: docs/learning.md).
-The held-out problems are disjoint from training in their content (people, numbers and who is asked).
+Task `lookup`: "Mia has 7 apples, Ben has 12 apples and Ava has 3 apples. How many apples does Ben have?" The
+answer is one of the question's numbers. SmolLM2-135M-Instruct half knows how to find it: greedy it is right
+on about half of such questions and, sampled at temperature 0.8, on about a quarter of them (pilot P9 of
+docs/learning.md). That is the range where a group of 8 holds right and wrong answers and RL has something to
+learn from. The held-out problems differ from every training problem in people, numbers or the one asked.
 
-`prime_partial` makes the starting model: a tiny random Qwen2 trained on the math system's real solver and
-verifier prompts for lookup questions drawn from its own generator (never the task's splits), where the solver's
-answer is a number of the question drawn uniformly (the right one as often as each wrong one) and the verifier's
-verdict a coin flip. It so learns the formats and "answer with a number of the question", nothing about which
-number: greedy, it is right on about 1 / `people` of the problems, and what it gains beyond that in a run comes
-from the run's RL.
+Roles `lookup_solver` and `lookup_verifier` (chosen by `system.solver_prompts` / `system.verifier_prompts` of the
+`math` system): the math system's solver and verifier with worked examples of this task. With the built-in
+arithmetic examples SmolLM2 does arithmetic on these questions too ("Lena has 6 - 1 = 5 pencils") and is right
+on 0.110 of them (P7).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Optional
 
-from drmas.api import TASKS, AGENT_ROLES, Problem, TaskSettings, TeamContext, grade_answer, help_field
+from drmas.api import AGENT_ROLES, TASKS, Problem, RoleAgent, TaskSettings, TeamContext, extract_boxed, grade_answer
+from drmas.api import help_field
 
 NAMES = ("Mia", "Liam", "Ava", "Noah", "Zoe", "Omar", "Ben", "Priya", "Lena", "Tom", "Ines", "Raj")
 ITEMS = ("apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "stamps")
@@ -33,9 +33,9 @@ class LookupSettings(TaskSettings):
     name: str = TaskSettings.name_field("lookup")
     seed: int = help_field(0, "Seed of the generated task (same seed -> same problems).")
     n_train: int = help_field(2000, "Training problems.")
-    n_test: int = help_field(200, "Held-out problems (disjoint from training in people, numbers and the one asked).")
-    people: int = help_field(3, "People (and counts) per question; a model answering one of them at random is "
-                             "right on 1 / people.")
+    n_test: int = help_field(200, "Held-out problems (each differs from every training one in people, numbers "
+                             "or the one asked).")
+    people: int = help_field(3, "People (and counts) per question.")
     max_value: int = help_field(30, "Counts are distinct numbers in 1..max_value.")
 
     def problems(self, where: str) -> list[str]:
@@ -64,7 +64,7 @@ class LookupTask:
         rng = random.Random(cfg.seed)
         seen: set[tuple] = set()
         self._splits: dict[str, list[Problem]] = {}
-        for split, size in (("test", cfg.n_test), ("train", cfg.n_train)):
+        for split, size in (("test", cfg.n_test), ("train", cfg.n_train)):  # test first: it ignores n_train
             problems = []
             while len(problems) < size:
                 question, answer, skeleton = draw_question(rng, cfg.people, cfg.max_value)
@@ -85,47 +85,62 @@ def make_lookup_task(cfg: LookupSettings) -> LookupTask:
     return LookupTask(cfg)
 
 
-def _primer_draw(tokenizer, people: int, max_value: int):
-    """A draw of priming examples on the math system's prompts: the solver (first round or a revision) boxes a
-    uniformly drawn number of the question; the verifier gives a coin-flip verdict on a drawn number."""
-    from drmas.core.tool_calls import prompt_ids
-
-    solver, verifier = AGENT_ROLES.get("solver")(), AGENT_ROLES.get("verifier")()
-
-    def example(rng: random.Random) -> tuple[list[int], int]:
-        question, _, (_, values, _) = draw_question(rng, people, max_value)
-        problem, context = Problem("prime", question, ""), TeamContext()
-        guess = rng.choice(values)
-        if rng.random() < 0.5:
-            agent, reply = verifier, rng.choice(("<verify>approve</verify>", "<verify>reject</verify>"))
-            context.add("solver", f"The answer is \\boxed{{{guess}}}.")
-        else:
-            agent, reply = solver, f"The answer is \\boxed{{{guess}}}."
-            if rng.random() < 0.3:  # a revision round after a rejection
-                context.add("solver", f"The answer is \\boxed{{{rng.choice(values)}}}.")
-                context.add("verifier", "<verify>reject</verify>")
-        ids = prompt_ids(tokenizer, agent.messages(problem, context), None)
-        reply_ids = tokenizer(reply + (tokenizer.eos_token or ""), add_special_tokens=False)["input_ids"]
-        return ids + reply_ids, len(ids)
-
-    return lambda rng, n: [example(rng) for _ in range(n)]
+_DEMO_1 = Problem("demo-1", "Sam has 3 pens, Ana has 8 pens and Leo has 5 pens. How many pens does Ana have?", "8")
+_DEMO_2 = Problem("demo-2", "Kim has 12 cups, Raj has 4 cups and Eve has 9 cups. How many cups does Kim have?", "12")
 
 
-def prime_partial(base: Path, out: Path, steps: int, seed: int, people: int, max_value: int) -> Path:
-    """`base` (a tiny model's directory) primed as the module docstring says, saved to `out` (kept: built once)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+@AGENT_ROLES.register("lookup_solver")
+class LookupSolver(RoleAgent):
+    """Finds the person asked about and boxes their count; in a revision round it sees the checker's verdict."""
 
-    from drmas.models.priming import prime_on
+    role = "solver"  # its place in the math system's team context
 
-    if (out / "config.json").exists():
-        return out
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    loss = prime_on(model, tokenizer, steps, seed, _primer_draw(tokenizer, people, max_value), batch_size=16)
-    print(f"primed {base.name} for {steps} steps on lookup formats: last loss {loss:.3f}", flush=True)
-    tmp = out.with_name(out.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(out)
-    return out
+    def system_prompt(self) -> str:
+        return "You answer questions about counts. Find the person asked about and give their number in \\boxed{}."
+
+    def demonstrations(self) -> list[tuple[str, str]]:
+        empty = TeamContext()
+        return [(self.user_prompt(_DEMO_1, empty), "Ana has 8 pens. The answer is \\boxed{8}."),
+                (self.user_prompt(_DEMO_2, empty), "Kim has 12 cups. The answer is \\boxed{12}.")]
+
+    def user_prompt(self, problem: Problem, context: TeamContext) -> str:
+        previous = context.latest("solver")
+        if previous is None:
+            return problem.question
+        return (f"{problem.question}\n\nYour previous answer:\n{previous.strip()}\n\nA checker said it is wrong. "
+                "Find the person again and put their number in \\boxed{}.")
+
+    def parse(self, text: str) -> Optional[str]:
+        return extract_boxed(text)
+
+
+_VERDICT = re.compile(r"<\s*verify\s*>\s*(approve|reject)\s*<\s*/\s*verify\s*>", re.IGNORECASE)
+
+
+@AGENT_ROLES.register("lookup_verifier")
+class LookupVerifier(RoleAgent):
+    """Checks the proposed count against the question: <verify>approve</verify> or <verify>reject</verify>."""
+
+    role = "verifier"
+    stop = ("</verify>",)
+
+    def system_prompt(self) -> str:
+        return ("You check answers to questions about counts. Say what the person asked about has, then write "
+                "<verify>approve</verify> if the answer is right or <verify>reject</verify> if it is wrong.")
+
+    def demonstrations(self) -> list[tuple[str, str]]:
+        return [(self._request(_DEMO_1, "8"), "Ana has 8 pens, so 8 is right. <verify>approve</verify>"),
+                (self._request(_DEMO_2, "4"), "Kim has 12 cups, so 4 is wrong. <verify>reject</verify>")]
+
+    def _request(self, problem: Problem, answer: str) -> str:
+        context = TeamContext()
+        context.add("solver", f"The answer is \\boxed{{{answer}}}.")
+        return self.user_prompt(problem, context)
+
+    def user_prompt(self, problem: Problem, context: TeamContext) -> str:
+        proposed = context.latest("solver") or ""
+        return f"Question: {problem.question}\nProposed answer: {extract_boxed(proposed) or proposed.strip()}"
+
+    def parse(self, text: str) -> Optional[str]:
+        found = _VERDICT.findall(text)
+        return found[-1].lower() if found else None

@@ -212,3 +212,28 @@ def test_registries_find_orchestra_and_roles_by_name() -> None:
     assert AGENT_ROLES.get("solver") is SolverAgent
     assert AGENT_ROLES.get("verifier") is VerifierAgent
     assert make().agents == ("alice", "bob")
+
+
+@AGENT_ROLES.register("test_terse_verifier")
+class TerseVerifier(VerifierAgent):
+    """A plugin's verifier: other words to the model, and a verdict read as yes / no."""
+
+    def system_prompt(self) -> str:
+        return "Reply yes or no."
+
+    def parse(self, text: str):
+        return {"yes": "approve", "no": "reject"}.get(text.strip().lower())
+
+
+def test_a_registered_role_agent_gives_the_verifier_its_prompts_and_parsing() -> None:
+    cfg = MathSettings(max_rounds=2, verifier_prompts="test_terse_verifier")
+    transcript = drive(MathOrchestra(cfg, ROLES, SubstringTask()), [WRONG, "no", RIGHT])
+    assert agents_asked(transcript) == ["alice", "bob", "alice"]  # "no" rejected: a second round
+    assert transcript.asked[1].messages[0]["content"] == "Reply yes or no."
+    assert transcript.asked[0].messages[0]["content"] == SolverAgent().system_prompt()  # the solver's are built-in
+    assert transcript.outcome.reward == 1.0
+
+
+def test_an_unknown_prompts_role_names_the_config_key() -> None:
+    with pytest.raises(ValueError, match=r"system\.solver_prompts: 'solvr' is not a registered .*did you mean 'solver'"):
+        MathOrchestra(MathSettings(solver_prompts="solvr"), ROLES, SubstringTask())

@@ -32,6 +32,12 @@ class MathSettings(SystemSettings):
     max_rounds: int = _f(2, "Solver/verifier rounds K; the verifier is skipped in the last round.")
     malformed_verdict: str = _f(
         "approve", "How a verifier output without a <verify> verdict counts: approve (reference) or reject.")
+    solver_prompts: str = _f(
+        "solver", "The registered role agent (AGENT_ROLES) whose prompts and parsing the solver uses: a plugin's "
+        "RoleAgent gives the solver worked examples of its own task without a new system (bench/lookup.py).")
+    verifier_prompts: str = _f(
+        "verifier", "The registered role agent whose prompts and parsing the verifier uses; its `parse` returns "
+        "'approve' or 'reject'.")
 
     def problems(self, where: str) -> list[str]:
         return self.at_least(where, max_rounds=1) + self.one_of(where, "malformed_verdict", VERDICTS)

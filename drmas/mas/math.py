@@ -10,6 +10,11 @@ A verifier reply without a verdict tag is always an *invalid* turn (it draws the
 it *means* for the episode is a choice: the reference implementation treats it as approve, which quietly
 rewards a verifier for skipping the format whenever the solver is right. `system.malformed_verdict` makes
 that choice explicit ("approve" = reference behaviour, or "reject").
+
+What the two agents are told (system prompt, worked examples, the request) and how their replies are read is
+a `RoleAgent`'s: the built-in `solver` and `verifier` by default, or registered ones named by
+`system.solver_prompts` / `system.verifier_prompts`, so a task gets worked examples of its own (a small model
+copies its examples: arithmetic ones make it do arithmetic on any question) without a new system.
 """
 
 from __future__ import annotations
@@ -52,8 +57,9 @@ class MathOrchestra:
         self.verifier_name: str = agents_by_role[VERIFIER]
         self.agents: tuple[str, ...] = (self.solver_name, self.verifier_name)
         self.services: dict = {}  # the math system calls no services
-        self.solver: RoleAgent = AGENT_ROLES.get(SOLVER)()
-        self.verifier: RoleAgent = AGENT_ROLES.get(VERIFIER)()
+        # the agents' positions are solver and verifier; what they are told can be a plugin's (system.*_prompts)
+        self.solver: RoleAgent = AGENT_ROLES.lookup(system_cfg.solver_prompts, "system.solver_prompts")()
+        self.verifier: RoleAgent = AGENT_ROLES.lookup(system_cfg.verifier_prompts, "system.verifier_prompts")()
 
     def run(self, problem: Problem) -> EpisodeGenerator:
         """Yield solver/verifier turns until approval or round K, then return the graded outcome."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Callable
 
 import torch
 
@@ -87,20 +86,6 @@ def prime_formats(model: torch.nn.Module, tokenizer, steps: int, seed: int, batc
                   system: str = "math") -> float:
     """Train `model` in place, on the device it is on, for `steps` steps on format responses after chat
     prompts (loss on the response tokens only); returns the last loss."""
-    def draw(rng: random.Random, n: int) -> list[tuple[list[int], int]]:
-        return [_example(tokenizer, rng, text, system) for text in format_corpus(rng, n, system=system)]
-
-    return prime_on(model, tokenizer, steps, seed, draw, batch_size)
-
-
-def prime_on(model: torch.nn.Module, tokenizer, steps: int, seed: int,
-             draw: Callable[[random.Random, int], list[tuple[list[int], int]]], batch_size: int = 8) -> float:
-    """Train `model` in place for `steps` steps on batches `draw(rng, batch_size)` of examples (token ids of
-    prompt + response, and where the response starts; the loss covers the response only); returns the last
-    loss.
-
-    `prime_formats` draws format responses after filler prompts; a benchmark may draw its own (the learning
-    benchmark primes a tiny model on its agents' real prompts, answers drawn so they teach no skill)."""
     device = next(model.parameters()).device
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=_PEAK_LR)
@@ -114,7 +99,7 @@ def prime_on(model: torch.nn.Module, tokenizer, steps: int, seed: int,
     model.train()
     last = float("nan")
     for _ in range(steps):
-        examples = draw(rng, batch_size)
+        examples = [_example(tokenizer, rng, text, system) for text in format_corpus(rng, batch_size, system=system)]
         width = max(len(ids) for ids, _ in examples)
         input_ids = torch.full((len(examples), width), pad, dtype=torch.long)
         labels = torch.full_like(input_ids, -100)
