@@ -1,7 +1,7 @@
 """Learning benchmark: does RL with drmas raise held-out accuracy beyond noise in ~30 CPU minutes a seed?
 
-Each seed trains a setting (`--setting`; why each: its config's comments and docs/learning.md) in the single-process loop
-(drmas.colocated: no sockets, deterministic for a seed) and scores the same held-out problems greedily
+Each seed trains a setting (`--setting`; why each: its config's comments and docs/learning.md) in the
+single-process loop (drmas.colocated: no sockets, deterministic for a seed) and scores the same held-out problems greedily
 before and after training. Per seed it reports the accuracy before and after with Wilson 95% intervals,
 the gain with its paired standard error (same problems; the unpaired one too) and the per-agent training
 reward per step (metrics.jsonl; the run's TensorBoard holds the same curves as reward/<agent>/mean).

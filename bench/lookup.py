@@ -15,11 +15,9 @@ on 0.110 of them (P7).
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
-from typing import Optional
 
-from drmas.api import AGENT_ROLES, TASKS, Problem, RoleAgent, TaskSettings, TeamContext, extract_boxed, grade_answer
+from drmas.api import AGENT_ROLES, TASKS, Problem, SolverAgent, TaskSettings, TeamContext, VerifierAgent, grade_answer
 from drmas.api import help_field
 
 NAMES = ("Mia", "Liam", "Ava", "Noah", "Zoe", "Omar", "Ben", "Priya", "Lena", "Tom", "Ines", "Raj")
@@ -90,10 +88,8 @@ _DEMO_2 = Problem("demo-2", "Kim has 12 cups, Raj has 4 cups and Eve has 9 cups.
 
 
 @AGENT_ROLES.register("lookup_solver")
-class LookupSolver(RoleAgent):
-    """Finds the person asked about and boxes their count; in a revision round it sees the checker's verdict."""
-
-    role = "solver"  # its place in the math system's team context
+class LookupSolver(SolverAgent):
+    """The built-in solver (its boxed-answer parsing) told about counts, with examples of this task."""
 
     def system_prompt(self) -> str:
         return "You answer questions about counts. Find the person asked about and give their number in \\boxed{}."
@@ -110,37 +106,17 @@ class LookupSolver(RoleAgent):
         return (f"{problem.question}\n\nYour previous answer:\n{previous.strip()}\n\nA checker said it is wrong. "
                 "Find the person again and put their number in \\boxed{}.")
 
-    def parse(self, text: str) -> Optional[str]:
-        return extract_boxed(text)
-
-
-_VERDICT = re.compile(r"<\s*verify\s*>\s*(approve|reject)\s*<\s*/\s*verify\s*>", re.IGNORECASE)
-
 
 @AGENT_ROLES.register("lookup_verifier")
-class LookupVerifier(RoleAgent):
-    """Checks the proposed count against the question: <verify>approve</verify> or <verify>reject</verify>."""
-
-    role = "verifier"
-    stop = ("</verify>",)
+class LookupVerifier(VerifierAgent):
+    """The built-in verifier (its request and verdict parsing) told about counts, with examples of this task."""
 
     def system_prompt(self) -> str:
         return ("You check answers to questions about counts. Say what the person asked about has, then write "
                 "<verify>approve</verify> if the answer is right or <verify>reject</verify> if it is wrong.")
 
     def demonstrations(self) -> list[tuple[str, str]]:
-        return [(self._request(_DEMO_1, "8"), "Ana has 8 pens, so 8 is right. <verify>approve</verify>"),
-                (self._request(_DEMO_2, "4"), "Kim has 12 cups, so 4 is wrong. <verify>reject</verify>")]
-
-    def _request(self, problem: Problem, answer: str) -> str:
-        context = TeamContext()
-        context.add("solver", f"The answer is \\boxed{{{answer}}}.")
-        return self.user_prompt(problem, context)
-
-    def user_prompt(self, problem: Problem, context: TeamContext) -> str:
-        proposed = context.latest("solver") or ""
-        return f"Question: {problem.question}\nProposed answer: {extract_boxed(proposed) or proposed.strip()}"
-
-    def parse(self, text: str) -> Optional[str]:
-        found = _VERDICT.findall(text)
-        return found[-1].lower() if found else None
+        return [(self._review_request(_DEMO_1, "The answer is \\boxed{8}."),
+                 "Ana has 8 pens, so 8 is right. <verify>approve</verify>"),
+                (self._review_request(_DEMO_2, "The answer is \\boxed{4}."),
+                 "Kim has 12 cups, so 4 is wrong. <verify>reject</verify>")]

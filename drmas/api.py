@@ -11,7 +11,9 @@ registers components by name; a config then chooses them like the built-ins:
   factory with ``needs_retriever = True`` also gets ``retriever=`` and ``topk=`` from the `retrieval` section;
 * **role agents** (`agents.<name>.role`): `RoleAgent` subclasses (prompting and parsing of one role; their
   `stop` strings end generation) and `ScriptedRole` subclasses (turns computed by code: no model, no sample),
-  registered with `@AGENT_ROLES.register(name)`;
+  registered with `@AGENT_ROLES.register(name)`; the math system's `system.solver_prompts` /
+  `verifier_prompts` name such agents, most simply subclasses of the built-in `SolverAgent` / `VerifierAgent` with
+  worked examples of a task's own (bench/lookup.py);
 * a **task** (`task.name`): problems with a train/test split and a grader, ``factory(settings) -> Task``,
   registered with `@TASKS.register(name, settings=MyTaskSettings)`;
 * **services** (`Service`: objects with `call_batch(requests) -> results`, batched across episodes by the
@@ -58,7 +60,7 @@ from drmas.core.jsonl import jsonl_records
 from drmas.engines import ENGINES
 from drmas.engines.base import Engine, EngineAbilities, Generation, SamplingParams
 from drmas.mas import ORCHESTRAS
-from drmas.mas.agents import AGENT_ROLES, RoleAgent, ScriptedRole, TeamContext
+from drmas.mas.agents import AGENT_ROLES, RoleAgent, ScriptedRole, SolverAgent, TeamContext, VerifierAgent
 from drmas.mas.base import (
     PENDING,
     AgentTurn,
@@ -85,7 +87,7 @@ __all__ = [
     "Orchestra", "EpisodeGenerator", "AgentTurn", "ServiceCall", "Service", "TurnResult", "EpisodeOutcome", "Reply",
     "PENDING",
     # role agents
-    "RoleAgent", "ScriptedRole", "TeamContext",
+    "RoleAgent", "ScriptedRole", "TeamContext", "SolverAgent", "VerifierAgent",
     # tasks
     "Task", "Problem",
     # settings
