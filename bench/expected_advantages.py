@@ -15,7 +15,7 @@ the latter: there is nothing to learn from them); and the share of constant grou
 """
 import numpy as np
 
-from drmas.learner.advantage import compute_advantages
+from drmas.algorithms.advantage import compute_advantages
 
 G, GROUPS = 8, 20000
 AGENTS = ("solver", "verifier")

@@ -43,7 +43,7 @@ from drmas.core.sample import Sample, encode_sample  # noqa: E402
 from drmas.learner.batch import group_advantages  # noqa: E402
 from drmas.learner.collate import left_padded, response_logprobs  # noqa: E402
 from drmas.learner.policy import PolicyTrainer  # noqa: E402
-from drmas.learner.running_stats import AgentRewardStats  # noqa: E402
+from drmas.algorithms.running_stats import AgentRewardStats  # noqa: E402
 from drmas.models.loading import build_tiny_model, import_smollm2, load_model  # noqa: E402
 
 

@@ -34,7 +34,7 @@ from learner import make_batch_frames  # noqa: E402  (bench/learner.py: the same
 from drmas.buffer.framing import decode_client_reply, open_group  # noqa: E402
 from drmas.config.schema import AlgorithmConfig, OptimConfig, TinyModelConfig  # noqa: E402
 from drmas.learner.batch import group_advantages  # noqa: E402
-from drmas.learner.running_stats import AgentRewardStats  # noqa: E402
+from drmas.algorithms.running_stats import AgentRewardStats  # noqa: E402
 from drmas.models.loading import build_tiny_model, import_smollm2, load_model  # noqa: E402
 
 

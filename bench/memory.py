@@ -210,10 +210,10 @@ def measure_learner(config: str, samples_file: Path, out_dir: Path, overrides: l
         import torch
 
         from drmas import assembly
-        from drmas.learner.advantage import step_advantages
+        from drmas.algorithms.estimators import step_advantages
         from drmas.learner.ranks.group import BatchFanout
         from drmas.learner.ranks.single import SingleRank
-        from drmas.learner.running_stats import AgentRewardStats
+        from drmas.algorithms.running_stats import AgentRewardStats
         from drmas.learner.trainers import trained_policy
         from drmas.weights import WeightSender
     cfg = assembly.load_config(CODE / config, overrides)

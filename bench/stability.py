@@ -88,7 +88,7 @@ class RecordingRunner:
 
 def second_moments(mode: str, calls: dict[str, list]) -> dict[str, dict]:
     """Per agent: E[A^2] of `mode`'s advantages over calls in sets with spread, and the global formula."""
-    from drmas.learner.advantage import compute_advantages
+    from drmas.algorithms.advantage import compute_advantages
 
     args = (calls["reward"], calls["group"], calls["agent"], calls["episode"])
     adv = compute_advantages(*args, mode=mode)  # sets with spread never use running statistics
@@ -104,7 +104,7 @@ def train_one(config: str, mode: str, seed: int, steps: int, overrides: list[str
     from drmas.colocated import ColocatedRun
     from drmas.runtime.metrics import read_metrics
 
-    cfg = load_config(config, [*overrides, f"algorithm.normalization={mode}", f"trainer.seed={seed}",
+    cfg = load_config(config, [*overrides, f"algorithm.estimator={mode}", f"trainer.seed={seed}",
                                f"trainer.steps={steps}", f"trainer.output_dir={out}", "trainer.overwrite=true",
                                "logging.progress_bar=false", "logging.console_every=0"])
     start, cpu_start = time.monotonic(), time.process_time()

@@ -58,7 +58,7 @@ def _moments(values: Iterable[float]) -> tuple[float, float, int]:
 def set_view(mode: str, rewards: Sequence[float], groups: Sequence[str], agents: Sequence[str],
              trajs: Sequence[str]) -> SetView:
     """The normalisation sets of `mode` (see the module docstring), computed independently of
-    `drmas.learner.advantage` so that the two can check each other."""
+    `drmas.algorithms.advantage` so that the two can check each other."""
     r = np.asarray(rewards, dtype=np.float64)
     n = r.size
     if mode in ("agent", "step_global"):

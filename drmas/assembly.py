@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import warnings
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -20,6 +21,7 @@ import drmas.gateway.orchestra  # noqa: F401  (registers the built-in orchestras
 import drmas.mas.math  # noqa: F401
 import drmas.mas.revise  # noqa: F401
 import drmas.mas.search  # noqa: F401
+from drmas.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from drmas.config.derived import (  # noqa: F401
     engine_models,
     model_config,
@@ -61,6 +63,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     problems = check_components(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    if cfg.algorithm.normalization is not None:
+        warnings.warn(f"algorithm.normalization is deprecated: write algorithm.estimator={cfg.algorithm.normalization} "
+                      "(the same estimator)", FutureWarning, stacklevel=2)
     return cfg
 
 
@@ -83,6 +88,9 @@ def check_components(cfg: DrmasConfig) -> list[str]:
         ("task.name", cfg.task.name, TASKS),
         ("rollout.engine", cfg.rollout.engine, ENGINES),
         ("retrieval.backend", cfg.retrieval.backend, RETRIEVERS),
+        ("algorithm.estimator" if cfg.algorithm.normalization is None else "algorithm.normalization",
+         cfg.algorithm.chosen_estimator, ADVANTAGE_ESTIMATORS),
+        ("algorithm.loss", cfg.algorithm.loss, POLICY_LOSSES),
     ) if (problem := registry.problem(value, key))]
     parser = getattr(cfg.system, "tool_parser", None)  # the external system's (or a plugin system's) setting
     if isinstance(parser, str) and (problem := TOOL_PARSERS.problem(parser, "system.tool_parser")):

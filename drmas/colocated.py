@@ -30,9 +30,9 @@ from drmas.evaluation import kinds
 from drmas.evaluation.evals_log import EvalLog
 from drmas.evaluation.heldout import accuracy_scalars
 from drmas.evaluation.interval import IntervalEvaluations
-from drmas.learner.advantage import step_advantages
+from drmas.algorithms.estimators import AdvantageBatch, estimate
 from drmas.learner.policy import PolicyTrainer, UpdateStopped
-from drmas.learner.running_stats import AgentRewardStats
+from drmas.algorithms.running_stats import AgentRewardStats
 from drmas.learner.trainers import adapter_trainers
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars
 from drmas.models import checkpoint
@@ -231,6 +231,20 @@ class ColocatedRun:
             self.stats.load_state_dict(stats)
             raise StepAbandoned from None
 
+    def _advantages(self, samples: list[Sample]) -> np.ndarray:
+        """Each trained model's samples estimated as its async learner would estimate them (their groups' other
+        calls as context: frozen agents', other models'); nan for the samples no model trains. The running
+        statistics take the step's rewards after every model's estimate."""
+        adv = np.full(len(samples), np.nan)
+        for model_id in self.trainers:
+            agents = set(assembly.trained_agents(self.cfg, model_id))
+            idx = [i for i, s in enumerate(samples) if s.agent in agents]
+            if idx:
+                batch = AdvantageBatch.from_samples([samples[i] for i in idx], samples)
+                adv[idx] = estimate(batch, self.cfg.algorithm, self.stats)
+        self.stats.update([s.agent for s in samples], [s.reward for s in samples])
+        return adv
+
     def _train_step(self) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         cfg, t0 = self.cfg, time.perf_counter()
         first = self.sampler.drawn
@@ -245,7 +259,7 @@ class ColocatedRun:
         dropped = {r.request.group_id for r in results if r.outcome.dropped}  # incomplete groups train nothing
         samples: list[Sample] = [s for r in results if r.request.group_id not in dropped for s in r.samples]
         t_rollout = time.perf_counter() - t0
-        adv = step_advantages(samples, cfg.algorithm, self.stats)
+        adv = self._advantages(samples)
         scalars = agent_scalars(samples, adv)
         scalars.update(reward_stats_scalars(self.stats))
         scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results]))

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from drmas.learner.advantage import compute_advantages
-from drmas.learner.running_stats import AgentRewardStats
+from drmas.algorithms.advantage import compute_advantages
+from drmas.algorithms.running_stats import AgentRewardStats
 
 EPS = 1e-6
 
@@ -133,7 +133,7 @@ def test_step_advantages_keep_a_singletons_own_reward_out_of_its_baseline() -> N
     its baseline would pull the advantage towards 0 (here from -0.75 / 0.5 to -0.6 / 0.55)."""
     from drmas.config.schema import AlgorithmConfig
     from drmas.core.sample import Sample
-    from drmas.learner.advantage import step_advantages
+    from drmas.algorithms.estimators import step_advantages
 
     stats = AgentRewardStats(window=0)
     stats.update(["solver"] * 4, [0.0, 1.0, 1.0, 1.0])  # mean 0.75, std 0.5

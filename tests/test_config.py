@@ -14,9 +14,9 @@ SMOKE = ROOT / "configs" / "smoke.yaml"
 
 
 def test_smoke_config_loads_and_overrides_apply():
-    cfg = load_config(SMOKE, ["trainer.steps=7", "algorithm.normalization=global", "agents.solver.temperature=0.5"])
+    cfg = load_config(SMOKE, ["trainer.steps=7", "algorithm.estimator=global", "agents.solver.temperature=0.5"])
     assert cfg.trainer.steps == 7
-    assert cfg.algorithm.normalization == "global"
+    assert cfg.algorithm.chosen_estimator == "global"
     assert cfg.agents["solver"].temperature == 0.5
     assert cfg.agents["verifier"].max_new_tokens == 12
     assert cfg.models["policy"].builtin == "tiny"
@@ -51,7 +51,10 @@ def test_wrong_type_names_key():
 @pytest.mark.parametrize(
     "override, key",
     [
-        ("algorithm.normalization=agentwise", "algorithm.normalization"),
+        ("algorithm.estimator=agentwise", "algorithm.estimator: 'agentwise' is not a registered advantage estimator"),
+        ("algorithm.loss=trpo", "algorithm.loss: 'trpo' is not a registered policy loss"),
+        ("algorithm.normalization=agentwise", "algorithm.normalization: 'agentwise' is not a registered"),
+        ("algorithm.normalization=global algorithm.estimator=rloo", "set only algorithm.estimator"),
         ("agents.solver.model=nope", "agents.solver.model"),
         ("rollout.group_size=0", "rollout.group_size"),
         ("rollout.max_consecutive_episode_failures=0", "rollout.max_consecutive_episode_failures: must be >= 1"),
@@ -72,8 +75,14 @@ def test_wrong_type_names_key():
 )
 def test_impossible_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
-        load_config(SMOKE, [override])
+        load_config(SMOKE, override.split())
     assert key in str(err.value)
+
+
+def test_the_deprecated_normalization_key_still_chooses_the_estimator_and_says_so():
+    with pytest.warns(FutureWarning, match="algorithm.estimator=step_global"):
+        cfg = load_config(SMOKE, ["algorithm.normalization=step_global"])
+    assert cfg.algorithm.chosen_estimator == "step_global"
 
 
 def test_the_episode_bound_must_exceed_the_gateways_own():
@@ -94,7 +103,7 @@ def test_missing_config_file_is_named(tmp_path):
 def test_cli_config_show_prints_resolved_config(capsys):
     assert main(["config", "show", "--config", str(SMOKE), "trainer.steps=11"]) == 0
     out = capsys.readouterr().out
-    assert "steps: 11" in out and "normalization: agent" in out
+    assert "steps: 11" in out and "estimator: agent" in out
 
 
 def test_cli_reports_config_error_before_work(capsys):
@@ -113,7 +122,7 @@ def test_cli_config_keys_lists_help():
     from drmas.config import iter_help
 
     rows = {key: text for key, _, text in iter_help()}
-    assert "algorithm.normalization" in rows and "Dr. MAS" in rows["algorithm.normalization"]
+    assert "algorithm.estimator" in rows and "Dr. MAS" in rows["algorithm.estimator"]
     assert "agents.<agent>.model" in rows
     # every section declares its fields with drmas.config.fields.help_field, wherever the section lives
     assert [key for key, text in rows.items() if not text.strip()] == []

@@ -20,9 +20,10 @@ from test_episodes import ScriptedEngine
 from drmas.config.schema import AlgorithmConfig
 from drmas.core.sample import Sample
 from drmas.engines.base import SamplingParams
-from drmas.learner.advantage import compute_advantages, step_advantages
+from drmas.algorithms.advantage import compute_advantages
+from drmas.algorithms.estimators import step_advantages
 from drmas.learner.batch import GroupCollector, group_advantages
-from drmas.learner.running_stats import AgentRewardStats
+from drmas.algorithms.running_stats import AgentRewardStats
 from drmas.mas.base import AgentTurn, EpisodeOutcome, TurnResult
 from drmas.episodes import AgentSpec, EpisodeRequest, EpisodeRunner
 from drmas.runtime.process import StopFlag
@@ -73,7 +74,7 @@ def test_pooled_modes_see_the_whole_group_however_its_parts_are_delivered(make_b
     every = _send_all(clients.producer(buf))
     wait_until(lambda: buf.stats().depth == {"solver": 2, "verifier": 1, "reviser": 2})
     expected = _colocated(every, mode)
-    alg = AlgorithmConfig(normalization=mode, singleton_fallback=False)
+    alg = AlgorithmConfig(estimator=mode, singleton_fallback=False)
     collector = GroupCollector(clients.consumer(buf), ["solver", "verifier"], 1, 1, StopFlag(install=False), poll_ms=50)
 
     steps = []
@@ -139,7 +140,7 @@ def test_an_episode_in_which_no_trained_agent_spoke_still_completes_its_group(ma
     parts = collector.next_batch(0).groups
     assert {p.agent: len(p.samples) for p in parts} == {"solver": 2, "verifier": 1}
     assert parts[0].episode_scores["g9-e0"] == pytest.approx(0.5)
-    samples, adv = group_advantages(parts, AlgorithmConfig(normalization=mode, singleton_fallback=False),
+    samples, adv = group_advantages(parts, AlgorithmConfig(estimator=mode, singleton_fallback=False),
                                     AgentRewardStats())
     expected = _colocated(every, mode)
     np.testing.assert_allclose(adv, [expected[(s.episode_id, s.agent, s.turn)] for s in samples], rtol=1e-12, atol=1e-12)
@@ -203,7 +204,7 @@ def test_per_turn_rewards_give_the_hand_computed_advantages_in_both_loops(make_b
     assert [(s.episode_id, s.agent, s.turn, s.reward) for s in samples] == [
         ("e0", "solver", 0, 1.0), ("e0", "verifier", 2, 1.0), ("e1", "solver", 0, 0.0), ("e1", "verifier", 2, 1.0),
         ("e2", "solver", 0, 0.0), ("e2", "verifier", 2, 0.0), ("e2", "solver", 3, 0.0)]
-    alg = AlgorithmConfig(normalization=mode, singleton_fallback=False, eps=1e-12)
+    alg = AlgorithmConfig(estimator=mode, singleton_fallback=False, eps=1e-12)
     colocated = step_advantages(samples, alg, AgentRewardStats())
 
     buf = make_buffer(agent_models={"solver": "m", "verifier": "m"})

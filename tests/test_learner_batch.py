@@ -11,9 +11,9 @@ from drmas.buffer import AgentGroup
 from drmas.config.schema import AlgorithmConfig
 from drmas.core.lineage import Lineage
 from drmas.core.sample import Sample
-from drmas.learner.advantage import compute_advantages
+from drmas.algorithms.advantage import compute_advantages
 from drmas.learner.batch import GroupCollector, group_advantages
-from drmas.learner.running_stats import AgentRewardStats
+from drmas.algorithms.running_stats import AgentRewardStats
 from drmas.runtime.process import StopFlag
 
 
@@ -145,7 +145,7 @@ def test_collector_returns_none_once_stopped():
 
 def test_agent_mode_normalises_each_agent_within_its_group():
     parts = [_part("g1", "a", {"e1": 1.0, "e2": 0.0}), _part("g1", "b", {"e1": 0.5, "e2": 0.3})]
-    samples, adv = group_advantages(parts, AlgorithmConfig(normalization="agent"), AgentRewardStats())
+    samples, adv = group_advantages(parts, AlgorithmConfig(estimator="agent"), AgentRewardStats())
     expected = compute_advantages([1.0, 0.0, 0.5, 0.3], ["g1"] * 4, ["a", "a", "b", "b"], ["e1", "e2", "e1", "e2"])
     assert [s.agent for s in samples] == ["a", "a", "b", "b"]
     np.testing.assert_allclose(adv, expected)
@@ -155,7 +155,7 @@ def test_global_mode_scores_every_episode_of_the_group_even_those_without_our_ag
     # four episodes; this learner's agent only spoke in three of them (e4 belongs to another model's agent)
     scores = {"e1": 1.0, "e2": 0.0, "e3": 0.0, "e4": 1.0}
     part = _part("g1", "a", {"e1": 0.9, "e2": 0.1, "e3": 0.2}, scores=scores)
-    samples, adv = group_advantages([part], AlgorithmConfig(normalization="global"), AgentRewardStats())
+    samples, adv = group_advantages([part], AlgorithmConfig(estimator="global"), AgentRewardStats())
     mean, std = 0.5, np.std([1, 0, 0, 1], ddof=1)
     np.testing.assert_allclose(adv, [(1 - mean) / (std + 1e-6), -mean / (std + 1e-6), -mean / (std + 1e-6)])
 

@@ -22,7 +22,7 @@ import drmas.engines.logprobs as logprobs_module
 from drmas.config.schema import AlgorithmConfig, OptimConfig
 from drmas.engines.base import SamplingParams
 from drmas.engines.embedded import EmbeddedEngine
-from drmas.learner.loss import ppo_loss
+from drmas.algorithms.ppo import ppo_loss
 from drmas.learner.policy import PolicyTrainer
 from drmas.models import adapters
 from drmas.models.loading import load_model

@@ -8,7 +8,8 @@ from typing import Iterator
 import pytest
 import torch
 
-from drmas.learner.loss import masked_mean, ppo_loss
+from drmas.algorithms.losses import masked_mean
+from drmas.algorithms.ppo import ppo_loss
 
 
 @pytest.fixture(autouse=True)

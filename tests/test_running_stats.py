@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from drmas.learner.running_stats import AgentRewardStats
+from drmas.algorithms.running_stats import AgentRewardStats
 
 
 def _stream(seed: int, n_batches: int = 40) -> list[tuple[list[str], list[float]]]:

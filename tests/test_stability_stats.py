@@ -2,7 +2,7 @@
 
 The benchmark's conclusions rest on these numbers (E[A^2] per agent over sets with spread, the paper's
 formula for it under `global`, the gradient-spike share), so each is pinned to a value computed on paper,
-and the formula is checked against the advantages the learner really computes (drmas.learner.advantage).
+and the formula is checked against the advantages the learner really computes (drmas.algorithms.advantage).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from drmas.learner.advantage import compute_advantages
+from drmas.algorithms.advantage import compute_advantages
 
 _PATH = Path(__file__).resolve().parents[1] / "bench" / "stability_stats.py"
 _SPEC = importlib.util.spec_from_file_location("stability_stats", _PATH)

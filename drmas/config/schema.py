@@ -29,7 +29,6 @@ from drmas.config.weights import WeightSyncConfig
 BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny")
 DTYPES = ("float32", "bfloat16")
 DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # models.<id>.device
-NORMALIZATIONS = ("agent", "global", "step_global")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 PIPELINE_MODES = ("colocated", "async")
 HEAP_MMAP_THRESHOLD_MAX_KB = 32 * 1024  # models.<id>.heap_mmap_threshold_kb: glibc refuses above 32 MiB on 64-bit
@@ -179,15 +178,25 @@ class AgentConfig:
 
 @dataclass
 class AlgorithmConfig:
-    normalization: str = _f(
+    estimator: str = _f(
         "agent",
-        "Advantage normalisation set: 'agent' (Dr. MAS: each call's reward against the calls of the same agent in "
-        "its prompt group), 'global' (GRPO: each episode's trajectory score, the mean reward of all its calls, "
-        "against the group's episodes; every call of an episode takes its episode's advantage) or 'step_global' "
-        "(each call's reward against every call of its group, agents pooled). When an orchestra rewards turns or "
-        "agents differently (EpisodeOutcome.turn_rewards / agent_rewards), 'agent' and 'step_global' compare those "
-        "per-call rewards, while 'global' still compares trajectory scores (the reference's mean of the episode's "
-        "sample rewards), so within an episode it cannot tell a well-rewarded call from a poorly rewarded one.",
+        "Advantage estimator (a registered name; docs/algorithms.md): 'agent' (Dr. MAS: each call's reward against "
+        "the calls of the same agent in its prompt group), 'global' (GRPO: each episode's trajectory score, the mean "
+        "reward of all its calls, against the group's episodes; every call of an episode takes its episode's "
+        "advantage), 'step_global' (each call's reward against every call of its group, agents pooled), 'rloo' and "
+        "'agent_rloo' (leave-one-out baselines per group, per group and agent), 'dr_grpo' (global, centred only) or "
+        "'batch' (dr_grpo scaled by the batch's std). When an orchestra rewards turns or agents differently, the "
+        "per-call estimators (agent, step_global, agent_rloo) compare those per-call rewards, the per-episode ones "
+        "their trajectory scores.",
+    )
+    normalization: Optional[str] = _f(
+        None, "Deprecated: the former name of algorithm.estimator (its values agent, global and step_global are the "
+        "estimators of those names). Set algorithm.estimator instead.",
+    )
+    loss: str = _f(
+        "ppo", "Policy loss (a registered name; docs/algorithms.md): 'ppo' (decoupled PPO: token ratio, clip, dual "
+        "clip), 'gspo' (sequence-level ratio and clip; mind its far smaller clip range) or 'cispo' (clipped "
+        "importance weight on every token's policy gradient).",
     )
     norm_by_std: bool = _f(True, "Divide by the std of the normalisation set (false: mean-only, Dr. GRPO style).")
     eps: float = _f(1e-6, "Added to the std before dividing.")
@@ -213,6 +222,11 @@ class AlgorithmConfig:
                                 "turn's reward (the episode's, unless the orchestra rewards turns or agents).")
     optim_steps_per_update: int = _f(1, "Optimizer steps each model takes per update (the batch is split evenly).")
     micro_batch_size: int = _f(8, "Samples per forward/backward pass (gradient accumulation).")
+
+    @property
+    def chosen_estimator(self) -> str:
+        """The estimator in force: `estimator`, or the deprecated `normalization` where a config still sets it."""
+        return self.normalization if self.normalization is not None else self.estimator
 
 
 @dataclass

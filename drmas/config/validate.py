@@ -19,7 +19,6 @@ from drmas.config.schema import (
     DEVICE_SPEC,
     DTYPES,
     HEAP_MMAP_THRESHOLD_MAX_KB,
-    NORMALIZATIONS,
     PIPELINE_MODES,
     PRIME_SYSTEMS,
     DrmasConfig,
@@ -159,8 +158,9 @@ def _check_model_ref(cfg: DrmasConfig, key: str, model_id: str, errors: list[str
 
 def _check_algorithm(cfg: DrmasConfig, errors: list[str]) -> None:
     alg = cfg.algorithm
-    if alg.normalization not in NORMALIZATIONS:
-        errors.append(f"algorithm.normalization: {alg.normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
+    if alg.normalization is not None and alg.estimator not in ("agent", alg.normalization):
+        errors.append(f"algorithm.normalization: deprecated, and it says {alg.normalization!r} where "
+                      f"algorithm.estimator says {alg.estimator!r}; set only algorithm.estimator")
     if alg.aggregation not in AGGREGATIONS:
         errors.append(f"algorithm.aggregation: {alg.aggregation!r} is not one of {', '.join(AGGREGATIONS)}")
     if not 0 <= alg.clip_low < 1:

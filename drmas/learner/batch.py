@@ -38,8 +38,8 @@ from drmas.config.schema import AlgorithmConfig
 from drmas.core.lineage import Lineage
 from drmas.core.sample import Sample
 from drmas.core.staleness import is_too_stale
-from drmas.learner.advantage import compute_advantages, config_options, step_advantages
-from drmas.learner.running_stats import AgentRewardStats
+from drmas.algorithms.estimators import AdvantageBatch, estimate
+from drmas.algorithms.running_stats import AgentRewardStats
 from drmas.learner.sample_limits import SampleLimits
 from drmas.runtime.process import StopFlag
 
@@ -193,33 +193,27 @@ def group_advantages(
 ) -> tuple[list[Sample], np.ndarray]:
     """The samples of `groups` and their advantages, exactly as the colocated loop computes them.
 
-    `agent` needs only the samples at hand: a part holds all of its agent's calls in the group. The pooled
-    modes need what the learner does not get, the calls of agents other learners train or nobody trains
-    (frozen ones), and a group's other parts may land in another step or be dropped. So they normalise what
-    the buffer computed over the whole group when it completed: `global` its `episode_scores` (every
-    episode's trajectory score), `step_global` its `group_rewards` (every call's reward); each sample then
-    takes the advantage of its own entry there. A part from a buffer without `group_rewards` falls back to
-    pooling this learner's own samples. The running statistics take this batch's rewards afterwards.
+    A learner gets its agents' parts of a group, not the group: the calls of agents other learners train or
+    nobody trains (frozen ones) never reach it, and a group's other parts may land in another step or be
+    dropped. So the estimator's view of each whole group is what the buffer computed when the group completed:
+    its `episode_scores` (every episode's trajectory score) and `group_rewards` (every call's reward); a part
+    from a buffer without `group_rewards` pools this learner's own calls of the group instead. The running
+    statistics take this batch's rewards afterwards.
     """
     samples = [s for g in groups for s in g.samples]
-    if alg.normalization == "global":
-        pools = {(g.group_id, e): score for g in groups for e, score in g.episode_scores.items()}
-        entry_of = [(s.group_id, s.episode_id) for s in samples]
-    elif alg.normalization == "step_global" and all(g.group_rewards for g in groups):
-        # equal rewards of one group get equal advantages, so a sample's entry is any with its reward
-        pools = {(g.group_id, i): r for g in groups for i, r in enumerate(g.group_rewards)}
-        entry_of = [(s.group_id, s.reward) for s in samples]
-    else:
-        return samples, step_advantages(samples, alg, stats)
-    keys = list(pools)
-    entry_adv = compute_advantages([pools[k] for k in keys], [k[0] for k in keys], ["all"] * len(keys),
-                                   [k[1] for k in keys], **config_options(alg, stats))
-    if alg.normalization == "global":
-        by_entry = dict(zip(keys, entry_adv))
-    else:
-        by_entry = {(k[0], pools[k]): a for k, a in zip(keys, entry_adv)}
-    missing = [entry for entry in entry_of if entry not in by_entry]
-    if missing:
-        raise ValueError(f"{len(missing)} sample(s) have no entry in their group's pool, e.g. {missing[0]}")
+    own: dict[str, list[float]] = {}
+    for s in samples:
+        own.setdefault(s.group_id, []).append(float(s.reward))
+    pooled = {g.group_id: np.asarray(g.group_rewards, dtype=np.float64) for g in groups if g.group_rewards}
+    batch = AdvantageBatch(
+        reward=np.array([s.reward for s in samples], dtype=np.float64),
+        group=np.array([s.group_id for s in samples], dtype=str),
+        episode=np.array([s.episode_id for s in samples], dtype=str),
+        agent=np.array([s.agent for s in samples], dtype=str),
+        turn=np.array([s.turn for s in samples], dtype=np.int64),
+        episode_scores={(g.group_id, e): score for g in groups for e, score in g.episode_scores.items()},
+        group_rewards={g: pooled.get(g, np.asarray(r, dtype=np.float64)) for g, r in own.items()},
+    )
+    adv = estimate(batch, alg, stats)
     stats.update([s.agent for s in samples], [s.reward for s in samples])
-    return samples, np.array([by_entry[entry] for entry in entry_of], dtype=np.float64)
+    return samples, adv

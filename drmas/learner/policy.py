@@ -23,7 +23,7 @@ from torch.nn.utils.rnn import pad_sequence
 from drmas.config.schema import AlgorithmConfig, OptimConfig
 from drmas.core.sample import Sample
 from drmas.learner.collate import float_rows, response_logprobs
-from drmas.learner.loss import ppo_loss
+from drmas.algorithms.losses import LossInputs, policy_loss
 from drmas.learner.ranks.single import SingleRank
 from drmas.models import adapters
 from drmas.models.devices import compute_autocast, exact_float32
@@ -222,16 +222,13 @@ class PolicyTrainer:
                     proximal[i] = lp.detach()
             mask = _pad([torch.ones(len(s.response_ids), device=self.device) for s in micro])
             adv_tok = _pad([torch.full((len(samples[i].response_ids),), float(adv[i]), device=self.device) for i in idx])
-            loss, stats = ppo_loss(
-                _pad(logps), _pad([proximal[i] for i in idx]), _pad([behaviour[i] for i in idx]), adv_tok, mask,
-                clip_low=self.alg.clip_low, clip_high=self.alg.clip_high, dual_clip=self.alg.dual_clip,
-                max_is_weight=self.alg.max_is_weight, aggregation=self.alg.aggregation,
-            )
-            token_mean = self.alg.aggregation == "token-mean"
-            scale = mask.sum().item() / total_tokens if token_mean else len(idx) / len(step)
-            (loss * scale).backward()
-            loss_total += loss.item() * scale
-            for k, v in stats.items():
+            out = policy_loss(LossInputs(_pad(logps), _pad([proximal[i] for i in idx]),
+                                         _pad([behaviour[i] for i in idx]), adv_tok, mask), self.alg)
+            # the loss is a mean over this micro-batch's tokens or sequences: weigh it by its share of the step's
+            scale = mask.sum().item() / total_tokens if out.per == "token" else len(idx) / len(step)
+            (out.loss * scale).backward()
+            loss_total += out.loss.item() * scale
+            for k, v in out.stats.items():
                 stats_acc[k].append(v)
         self.ranks.idle_passes(self.model, idle, backward=True)
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")

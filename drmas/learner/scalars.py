@@ -14,7 +14,7 @@ import numpy as np
 
 from drmas.core.sample import Sample
 from drmas.core.staleness import version_lag
-from drmas.learner.running_stats import ALL, AgentRewardStats
+from drmas.algorithms.running_stats import ALL, AgentRewardStats
 
 
 def _by_agent(samples: Sequence[Sample]) -> dict[str, list[int]]:
@@ -25,14 +25,15 @@ def _by_agent(samples: Sequence[Sample]) -> dict[str, list[int]]:
 
 
 def agent_scalars(samples: Sequence[Sample], adv: np.ndarray) -> dict[str, float]:
-    """Reward, advantage (mean and mean square: about 1 per agent under agent-wise normalisation),
-    validity share, call count and response length of each agent."""
+    """Reward, advantage (mean and mean square: about 1 per agent under agent-wise normalisation; none for an
+    agent whose advantages are nan, i.e. untrained), validity share, call count and response length of each agent."""
     out = {}
     for agent, idx in _by_agent(samples).items():
         a = adv[idx]
         out[f"reward/{agent}/mean"] = float(np.mean([samples[i].reward for i in idx]))
-        out[f"advantage/{agent}/mean"] = float(a.mean())
-        out[f"advantage/{agent}/sq_mean"] = float((a**2).mean())
+        if not np.isnan(a).all():  # nan: an agent no model trains (its calls get no advantage)
+            out[f"advantage/{agent}/mean"] = float(a.mean())
+            out[f"advantage/{agent}/sq_mean"] = float((a**2).mean())
         out[f"valid/{agent}"] = float(np.mean([samples[i].valid for i in idx]))
         out[f"calls/{agent}"] = float(len(idx))
         out[f"response_tokens/{agent}/mean"] = float(np.mean([len(samples[i].response_ids) for i in idx]))

@@ -52,7 +52,7 @@ from drmas.core.lineage import Lineage
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
 from drmas.learner.policy import PolicyTrainer, UpdateStopped
 from drmas.learner.ranks.group import BatchFanout, failure_reports, learner_ranks
-from drmas.learner.running_stats import AgentRewardStats
+from drmas.algorithms.running_stats import AgentRewardStats
 from drmas.learner.sample_limits import SampleLimits
 from drmas.learner.trainers import trained_policy
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars, staleness_scalars

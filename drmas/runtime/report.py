@@ -9,7 +9,7 @@ from rich.table import Table
 
 def print_summary(summary: dict, cfg) -> None:
     console = Console()
-    table = Table(title=f"drmas run: {summary['steps']} steps, normalization={cfg.algorithm.normalization}")
+    table = Table(title=f"drmas run: {summary['steps']} steps, estimator={cfg.algorithm.chosen_estimator}, loss={cfg.algorithm.loss}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for agent in cfg.agents:

@@ -1,10 +1,11 @@
-"""Group-relative advantages: vanilla GRPO, Dr. MAS agent-wise, and step-level global normalisation.
+"""Group-relative advantages over arrays: vanilla GRPO, Dr. MAS agent-wise, and step-level global normalisation.
 
 Why three modes: `global` is the GRPO baseline (one score per trajectory), `agent` is the Dr. MAS fix
 (each agent normalised against its own calls in the group, so no agent's E[A^2] is inflated by another
 agent's reward level), and `step_global` pools every call of the group without splitting by agent, which
 separates "split by agent" from "step-level weighting" in ablations.
-Everything is a handful of vectorised numpy passes (np.unique + bincount), so 100k samples are cheap.
+Everything is a handful of vectorised numpy passes (np.unique + bincount), so 100k samples are cheap. The
+registered estimators the loops call (`drmas.algorithms.estimators`) are built from these set operations.
 """
 
 from __future__ import annotations
@@ -13,17 +14,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from drmas.config.schema import NORMALIZATIONS as MODES
 
 if TYPE_CHECKING:
-    from drmas.config.schema import AlgorithmConfig
-    from drmas.core.sample import Sample
-    from drmas.learner.running_stats import AgentRewardStats
+    from drmas.algorithms.running_stats import AgentRewardStats
 
 _POOLED = "__all__"
+MODES = ("agent", "global", "step_global")  # compute_advantages' modes (the estimators of those names)
 
 
-def _ids(values: Any, name: str) -> np.ndarray:
+def ids(values: Any, name: str) -> np.ndarray:
     """1-D id array; mixed-type object arrays become strings so np.unique can sort them."""
     arr = np.asarray(values)
     if arr.ndim != 1:
@@ -31,7 +30,7 @@ def _ids(values: Any, name: str) -> np.ndarray:
     return arr.astype(str) if arr.dtype == object else arr
 
 
-def _codes(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def set_codes(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Dense int code of each row's key tuple, plus the index of each code's first row."""
     combined = np.zeros(keys[0].shape[0], dtype=np.int64)
     for key in keys:
@@ -41,7 +40,7 @@ def _codes(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return inv.reshape(-1), first
 
 
-def _set_moments(values: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def set_moments(values: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-set (count, mean, unbiased std) by two passes; constant sets get their exact value as mean.
 
     The exact mean matters: sum/count of equal floats can be off by one ulp, which would turn a
@@ -87,13 +86,23 @@ def _normalise(
     values: np.ndarray, codes: np.ndarray, stat_keys: np.ndarray, norm_by_std: bool, eps: float,
     running_stats: AgentRewardStats | None, singleton_clip: float | None,
 ) -> np.ndarray:
-    """Advantage of each value against the statistics of its set (sets given by `codes`).
+    """Advantage of each value against the statistics of its set (sets given by `codes`)."""
+    return normalise_to(values, codes, values, codes, stat_keys, norm_by_std, eps, running_stats, singleton_clip)
 
+
+def normalise_to(
+    values: np.ndarray, codes: np.ndarray, pool: np.ndarray, pool_codes: np.ndarray, stat_keys: np.ndarray,
+    norm_by_std: bool, eps: float, running_stats: AgentRewardStats | None, singleton_clip: float | None,
+) -> np.ndarray:
+    """Advantage of each value against the statistics of its set in `pool` (`codes` and `pool_codes` index the
+    same dense sets 0..K-1, every set present in the pool; `stat_keys[k]`: the running-statistics key of set k).
+
+    The pool may hold more than the values: a learner scores its own calls against every call of their group.
     A one-element set's advantage is clipped to +-`singleton_clip`: against running statistics one
     failure of a nearly always right agent (mean 0.99, std 0.03) would otherwise weigh -33, while no
     member of a real group of n can exceed (n - 1) / sqrt(n) (2.5 for n = 8).
     """
-    count, mean, std = _set_moments(values, codes)
+    count, mean, std = set_moments(pool, pool_codes)
     single = count == 1
     if single.any():
         mean[single], std[single] = _singleton_baseline(stat_keys[single], running_stats)
@@ -142,33 +151,16 @@ def compute_advantages(
         raise ValueError(f"singleton_clip must be > 0 (or None), got {singleton_clip}")
     if r.size == 0:
         return np.zeros(0, dtype=np.float64)
-    groups, agents, trajs = (_ids(v, n) for n, v in named)
+    groups, agents, trajs = (ids(v, n) for n, v in named)
     pooled = np.full(r.size, _POOLED)
     if mode == "agent":
-        codes, first = _codes(groups, agents)
+        codes, first = set_codes(groups, agents)
         return _normalise(r, codes, agents[first].astype(str), norm_by_std, eps, running_stats, singleton_clip)
     if mode == "step_global":
-        codes, first = _codes(groups)
+        codes, first = set_codes(groups)
         return _normalise(r, codes, pooled[first], norm_by_std, eps, running_stats, singleton_clip)
-    traj_codes, traj_first = _codes(groups, trajs)
-    scores = _set_moments(r, traj_codes)[1]  # exact mean for constant trajectories, as for sets
-    group_codes, first = _codes(groups[traj_first])
+    traj_codes, traj_first = set_codes(groups, trajs)
+    scores = set_moments(r, traj_codes)[1]  # exact mean for constant trajectories, as for sets
+    group_codes, first = set_codes(groups[traj_first])
     traj_adv = _normalise(scores, group_codes, pooled[first], norm_by_std, eps, running_stats, singleton_clip)
     return traj_adv[traj_codes]
-
-
-def config_options(alg: AlgorithmConfig, stats: AgentRewardStats) -> dict[str, Any]:
-    """`compute_advantages` keyword arguments from the `algorithm` config section (mode included)."""
-    return {"mode": alg.normalization, "norm_by_std": alg.norm_by_std, "eps": alg.eps,
-            "running_stats": stats if alg.singleton_fallback else None, "singleton_clip": alg.singleton_clip}
-
-
-def step_advantages(samples: Sequence[Sample], alg: AlgorithmConfig, stats: AgentRewardStats) -> np.ndarray:
-    """Advantages of one training step's samples (each sample's group, agent and episode from the sample),
-    and only then their rewards join `stats`: a singleton's baseline must not contain its own reward."""
-    rewards = np.array([s.reward for s in samples], dtype=np.float64)
-    agents = np.array([s.agent for s in samples], dtype=str)
-    adv = compute_advantages(rewards, [s.group_id for s in samples], agents, [s.episode_id for s in samples],
-                             **config_options(alg, stats))
-    stats.update(agents, rewards)
-    return adv
