@@ -23,6 +23,12 @@ registers components by name; a config then chooses them like the built-ins:
   ...)`` makes `system.sandbox.*` keys, typed, checked and listed like the rest);
 * **engines** (`rollout.engine`, `ENGINES`; `traits=EngineAbilities(...)` declares what one can do beyond the
   `Engine` protocol: adapters, engine arguments, top-p truncated log-probs, a package it needs) and **retrievers** (`retrieval.backend`, `RETRIEVERS`);
+* **advantage estimators** (`algorithm.estimator`, `ADVANTAGE_ESTIMATORS`): ``estimator(batch, context) ->
+  advantages``, one per row of the `AdvantageBatch` (the calls one model trains this step, with their groups'
+  episode scores and call rewards; the same in the colocated and async loops), `context` the `EstimatorContext`
+  (the `algorithm` section and the running per-agent reward statistics); and **policy losses** (`algorithm.loss`,
+  `POLICY_LOSSES`): ``loss(inputs, alg) -> LossOutput`` over one micro-batch's `LossInputs` (current, proximal and
+  behaviour log-probs, advantages, mask). docs/algorithms.md has the built-ins' formulas;
 * **tool-call parsers** (`TOOL_PARSERS`: a reply's text -> its content and `ParsedCall`s), for models whose
   template writes calls in another format than the built-in `hermes`. An agent is offered functions by
   `AgentTurn(..., tools=[...])` (OpenAI's definitions, rendered by the chat template). "Tool" in drmas means
@@ -52,6 +58,16 @@ from __future__ import annotations
 import warnings
 
 import drmas.assembly  # noqa: F401  (registers the built-ins, so a plugin sees the registries every process has)
+from drmas.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    AdvantageBatch,
+    EstimatorContext,
+    LossInputs,
+    LossOutput,
+)
+from drmas.algorithms.losses import masked_mean
+from drmas.algorithms.running_stats import ALL
 from drmas.config.fields import Section, help_field
 from drmas.config.sandbox import SandboxConfig
 from drmas.config.sections import SystemSettings, TaskSettings
@@ -94,6 +110,10 @@ __all__ = [
     "SystemSettings", "TaskSettings", "Section", "help_field",
     # the registries (each `.register(name[, settings=...])` is the decorator; ENGINES' also takes traits=)
     "ORCHESTRAS", "AGENT_ROLES", "TASKS", "ENGINES", "RETRIEVERS", "TOOL_PARSERS",
+    # the algorithm's parts: an advantage estimator (batch, context) -> one advantage per call, a policy loss
+    # (inputs, algorithm section) -> LossOutput; ALL is the running statistics' key pooling every agent
+    "ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "AdvantageBatch", "EstimatorContext", "LossInputs", "LossOutput",
+    "masked_mean", "ALL",
     # tool calling: an AgentTurn's `tools` are rendered by the chat template; a parser finds a reply's calls
     "ParsedCall",
     # the code-execution sandbox (a service) and its settings
