@@ -1,4 +1,4 @@
-"""Training stability of agent-wise (Dr. MAS) vs global (GRPO) vs step-level global advantage normalisation.
+"""Training stability of advantage estimators: agent-wise (Dr. MAS) vs global (GRPO) vs step-level global, or any.
 
 The paper's claim: under one global baseline, agent k's advantages have the second moment
 E[A_k^2] = (sigma_k^2 + (mu_k - mu)^2) / sigma^2 instead of about 1, which inflates that agent's gradient
@@ -30,7 +30,13 @@ it picks (per-agent rewards that differ by construction: `EpisodeOutcome.agent_r
     python bench/stability.py --out runs/stability --png docs/stability.png  # full: 3 seeds x 120 steps x 3 modes
     python bench/stability.py --setting smollm2 --out runs/stability_smollm2   # 1 seed x 5 steps x 3 modes
     python bench/stability.py --setting debate --quick --out runs/stability_debate_quick   # per-agent rewards
+    python bench/stability.py --quick --estimators all --out runs/stability_all   # every registered estimator
     python bench/stability.py --replot runs/stability [--png docs/stability.png]   # table + plot from the JSON
+
+`--estimators a,b,c` (or `all`) trains any registered estimators (docs/algorithms.md; a plugin's too, with
+`plugins=[...]` among the overrides); the default is the paper's three. "Sets with spread" are the sets an
+estimator centres on: group x agent for agent and agent_rloo, the group's calls for step_global, the group's
+episodes for the episode-level ones (global, rloo, dr_grpo, batch) and for a plugin's.
 
 Extra `key=value` arguments override the config of every run. Runs go to OUT/<mode>/seed<N>/ (metrics.jsonl,
 TensorBoard); the figures to OUT/stability.json and OUT/stability.md (also printed) and the plot (OUT/stability.png;
@@ -55,6 +61,8 @@ from report import add_output_args, commit, replot, write_report  # noqa: E402
 from stability_stats import measured_second_moment, over_seeds, predicted_second_moment, set_view, spike_share  # noqa: E402
 
 MODES = ("agent", "global", "step_global")
+# the normalisation sets whose spread `measured_second_moment` requires, per built-in estimator (others: global's)
+SET_FAMILY = {"agent": "agent", "agent_rloo": "agent", "step_global": "step_global"}
 SETTINGS = {
     "tiny": {"config": "configs/stability.yaml", "seeds": 3, "steps": 120, "quick_seeds": 2, "quick_steps": 12,
              "jobs": 2},
@@ -68,32 +76,37 @@ SETTINGS = {
 
 
 class RecordingRunner:
-    """Stands in for the loop's episode runner: runs the real one and keeps each step's calls (agent, group,
-    episode, reward), which is all the statistics need; the loop itself is unchanged."""
+    """Stands in for the loop's episode runner: runs the real one and keeps each step's calls, which is all the
+    statistics need; the loop itself is unchanged."""
 
     def __init__(self, runner) -> None:
         self.runner = runner
-        self.steps: list[dict[str, list]] = []
+        self.steps: list[list] = []  # per step: its samples
 
     def run(self, requests):
         results = self.runner.run(requests)
-        calls = [s for r in results for s in r.samples]
-        self.steps.append({"agent": [s.agent for s in calls], "group": [s.group_id for s in calls],
-                           "episode": [s.episode_id for s in calls], "reward": [float(s.reward) for s in calls]})
+        self.steps.append([s for r in results for s in r.samples])
         return results
 
     def __getattr__(self, name):
         return getattr(self.runner, name)
 
 
-def second_moments(mode: str, calls: dict[str, list]) -> dict[str, dict]:
-    """Per agent: E[A^2] of `mode`'s advantages over calls in sets with spread, and the global formula."""
-    from drmas.algorithms.advantage import compute_advantages
+def second_moments(mode: str, steps: list[list]) -> dict[str, dict]:
+    """Per agent: E[A^2] of estimator `mode`'s advantages over calls in sets with spread (each step estimated
+    as the loop estimates it, without running statistics, which sets with spread never use), and the global
+    formula."""
+    from drmas.algorithms import AdvantageBatch, estimate
+    from drmas.algorithms.running_stats import AgentRewardStats
+    from drmas.config.schema import AlgorithmConfig
 
-    args = (calls["reward"], calls["group"], calls["agent"], calls["episode"])
-    adv = compute_advantages(*args, mode=mode)  # sets with spread never use running statistics
-    measured = measured_second_moment(adv, calls["agent"], set_view(mode, *args))
-    predicted = predicted_second_moment(calls["agent"], set_view("global", *args))
+    alg = AlgorithmConfig(estimator=mode)
+    adv = np.concatenate([estimate(AdvantageBatch.from_samples(step), alg, AgentRewardStats()) for step in steps])
+    calls = [s for step in steps for s in step]
+    args = ([float(s.reward) for s in calls], [s.group_id for s in calls], [s.agent for s in calls],
+            [s.episode_id for s in calls])
+    measured = measured_second_moment(adv, args[2], set_view(SET_FAMILY.get(mode, "global"), *args))
+    predicted = predicted_second_moment(args[2], set_view("global", *args))
     return {a: {**predicted[a], "measured": measured[a]["sq_mean"], "measured_calls": measured[a]["calls"]}
             for a in measured}
 
@@ -115,11 +128,11 @@ def train_one(config: str, mode: str, seed: int, steps: int, overrides: list[str
     wall, cpu = time.monotonic() - start, time.process_time() - cpu_start
     records = [r for r in read_metrics(Path(out) / "metrics.jsonl") if "episode/reward_mean" in r]
     agents, models = list(cfg.agents), list(run.trainers)
-    pooled = {k: [v for step in recorder.steps for v in step[k]] for k in ("agent", "group", "episode", "reward")}
-    per_step = [second_moments(mode, step) for step in recorder.steps]
-    rewards = np.asarray(pooled["reward"])
-    who = np.asarray(pooled["agent"])
-    moments = second_moments(mode, pooled)
+    calls = [s for step in recorder.steps for s in step]
+    per_step = [second_moments(mode, [step]) for step in recorder.steps]
+    rewards = np.asarray([float(s.reward) for s in calls])
+    who = np.asarray([s.agent for s in calls])
+    moments = second_moments(mode, recorder.steps)
     return {
         "mode": mode, "seed": seed, "steps": len(records), "wall_s": wall, "cpu_s": cpu,
         "accuracy": summary.get("accuracy", {}),
@@ -131,7 +144,7 @@ def train_one(config: str, mode: str, seed: int, steps: int, overrides: list[str
         "models": {m: spike_share([_finite(r.get(f"grad_norm/{m}")) for r in records]) for m in models},
         "series": {
             "reward": [r["episode/reward_mean"] for r in records],
-            "calls": {a: [float(step["agent"].count(a)) for step in recorder.steps] for a in agents},
+            "calls": {a: [float(sum(s.agent == a for s in step)) for step in recorder.steps] for a in agents},
             "grad_norm": {m: [_finite(r.get(f"grad_norm/{m}")) for r in records] for m in models},
             "sq_mean": {a: [s.get(a, {}).get("measured", math.nan) for s in per_step] for a in agents},
             "global_formula": {a: [s.get(a, {}).get("predicted", math.nan) for s in per_step] for a in agents},
@@ -151,7 +164,7 @@ def _mean(values) -> float:
 def aggregate(runs: list[dict]) -> dict:
     """Mean and spread over seeds of every figure, per mode (agent and model figures per agent / model)."""
     out: dict[str, dict] = {}
-    for mode in MODES:
+    for mode in dict.fromkeys(r["mode"] for r in runs):
         mine = [r for r in runs if r["mode"] == mode]
         if not mine:
             continue
@@ -215,6 +228,19 @@ def write_outputs(result: dict, out: Path, png: Path | None) -> None:
     write_report(result, out, "stability", markdown(result), plot, png)
 
 
+def estimators(spec: str, config: str, overrides: list[str]) -> list[str]:
+    """The estimators `--estimators` names, each checked against the registry (the config's plugins imported)."""
+    from drmas.algorithms import ADVANTAGE_ESTIMATORS
+    from drmas.assembly import load_plugins
+
+    load_plugins(config, overrides)
+    names = ADVANTAGE_ESTIMATORS.names() if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    problems = [p for n in names if (p := ADVANTAGE_ESTIMATORS.problem(n, "--estimators"))]
+    if problems or not names:
+        raise SystemExit("\n".join(problems) or "--estimators: name at least one estimator")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", choices=sorted(SETTINGS), default="tiny")
@@ -222,7 +248,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer seeds and steps, same figures")
     parser.add_argument("--seeds", type=int, help="number of seeds (0..N-1)")
     parser.add_argument("--steps", type=int, help="optimizer steps per run")
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--estimators", "--modes", dest="estimators", default=",".join(MODES),
+                        help="registered advantage estimators to train, comma-separated, or 'all' (default: %(default)s)")
     parser.add_argument("--jobs", type=int, help="runs trained at the same time, one process each (default: the "
                         "setting's, 2 for tiny, 1 for smollm2)")
     add_output_args(parser, "stability")
@@ -237,7 +264,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(config, mode, seed, steps, args.overrides, str(out / mode / f"seed{seed}"))
-            for seed in range(seeds) for mode in args.modes.split(",")]
+            for seed in range(seeds) for mode in estimators(args.estimators, config, args.overrides)]
     start = time.monotonic()
     with ProcessPoolExecutor(max_workers=max(1, n_jobs), mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(train_one, *job) for job in jobs]
