@@ -10,6 +10,11 @@ Statistics: `bench/learning_stats.py`; picture: `bench/learning_plot.py`.
     python bench/learning.py --out runs/learning --png docs/learning.png   # full: 3 seeds, one after another
     python bench/learning.py --quick --out runs/learning_quick             # tiny model, 2 x 2 steps, < 60 s
     python bench/learning.py --replot runs/learning [--png docs/learning.png]
+    python bench/learning.py --first-seed 2 --seeds 1 --out runs/learning      # one more seed into the same OUT
+
+Each seed's figures are written to OUT/seed<N>/result.json as soon as it finishes, and the report covers every
+seed whose result is in OUT: a run cut off after two seeds keeps them, and seeds run apart add up (give them
+the same settings: nothing checks that).
 
 Seeds are `trainer.seed` (problem order, sampling); the model's starting weights are the same for every seed,
 so the greedy accuracy before training is too. Extra `key=value` arguments override the config of every run.
@@ -21,6 +26,7 @@ checkpoint (SmolLM2's is 2.2 GB per seed and nothing here reads it).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -42,6 +48,13 @@ SETTINGS = {"lookup": "configs/learning_lookup.yaml", "sums": "configs/learning.
 QUICK = ["models.policy={builtin: tiny, tiny: {hidden_size: 64, num_layers: 2, num_heads: 2, intermediate_size: 128, "
          "seed: 0, prime_steps: 200}, optim: {lr: 1.0e-3}}", "eval.n_problems=8"]
 QUICK_SEEDS, QUICK_STEPS = 2, 2
+RESULT = "result.json"  # each seed's figures, in its run directory
+
+
+def seed_results(out: Path) -> list[dict]:
+    """Every finished seed's figures in OUT, by seed."""
+    found = [json.loads(p.read_text()) for p in out.glob(f"seed*/{RESULT}")]
+    return sorted(found, key=lambda r: r["seed"])
 
 
 class GradingRunner:
@@ -87,12 +100,14 @@ def train_one(config: str, seed: int, steps: int | None, overrides: list[str], o
     run.save = lambda: None  # no checkpoint: see the module docstring
     run.run()
     wall, cpu = time.monotonic() - start, time.process_time() - cpu_start
+    if "after" not in grading.scores:
+        raise RuntimeError(f"seed {seed} stopped before its evaluation after training (a signal?): no result")
     records = [r for r in read_metrics(Path(out) / "metrics.jsonl") if "episode/reward_mean" in r]
     agents = [a for a, spec in cfg.agents.items() if spec.model]
     before, after = grading.scores["before"], grading.scores["after"]
     if before["uids"] != after["uids"]:
         raise RuntimeError("the evaluations before and after training scored different problems")
-    return {
+    result = {
         "seed": seed, "steps": len(records), "wall_s": wall, "cpu_s": cpu,
         "train_s": float(sum(r.get("time/step_seconds", 0.0) for r in records)),
         "eval_s": {"before": before["seconds"], "after": after["seconds"]},
@@ -107,6 +122,8 @@ def train_one(config: str, seed: int, steps: int | None, overrides: list[str], o
             "step_seconds": [_get(r, "time/step_seconds") for r in records],
         },
     }
+    (Path(out) / RESULT).write_text(json.dumps(result))
+    return result
 
 
 def _get(record: dict, key: str) -> float:
@@ -172,7 +189,8 @@ def main() -> None:
                         help="lookup: SmolLM2 on bench/lookup.py's task (default); sums: SmolLM2 on sums (a pilot)")
     parser.add_argument("--config", help="a config of your own (default: the setting's)")
     parser.add_argument("--quick", action="store_true", help="a tiny model, 2 seeds x 2 steps: checks the bench runs")
-    parser.add_argument("--seeds", type=int, help="number of seeds (0..N-1; default 3, quick 2)")
+    parser.add_argument("--seeds", type=int, help="number of seeds (default 3, quick 2)")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0: seeds 0..N-1)")
     parser.add_argument("--steps", type=int, help="optimizer steps per run (default: the config's)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at the same time (default 1: each run uses "
                         "trainer.threads cores)")
@@ -187,16 +205,17 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
+    first = args.first_seed
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(train_one, config, seed, steps, overrides, str(out / f"seed{seed}"))
-                   for seed in range(seeds)]
-        runs = []
-        for seed, future in enumerate(futures):
-            runs.append(future.result())
-            g = runs[-1]["gain"]
-            print(f"done seed {seed}: {runs[-1]['before']['accuracy']:.3f} -> {runs[-1]['after']['accuracy']:.3f} "
-                  f"(gain {g['gain']:+.3f} ± {g['se_paired']:.3f}) in {runs[-1]['wall_s']:.0f} s", flush=True)
-    meta = {"config": config, "seeds": list(range(seeds)), "overrides": overrides, "quick": args.quick,
+        futures = {seed: pool.submit(train_one, config, seed, steps, overrides, str(out / f"seed{seed}"))
+                   for seed in range(first, first + seeds)}
+        for seed, future in futures.items():
+            run = future.result()
+            g = run["gain"]
+            print(f"done seed {seed}: {run['before']['accuracy']:.3f} -> {run['after']['accuracy']:.3f} "
+                  f"(gain {g['gain']:+.3f} ± {g['se_paired']:.3f}) in {run['wall_s']:.0f} s", flush=True)
+    runs = seed_results(out)  # this invocation's seeds and any an earlier one left in OUT
+    meta = {"config": config, "seeds": [r["seed"] for r in runs], "overrides": overrides, "quick": args.quick,
             "jobs": args.jobs, "wall_s": time.monotonic() - start, "cpu_s": sum(r["cpu_s"] for r in runs),
             "commit": commit(), "cpus": os.cpu_count()}
     write_outputs({"meta": meta, "runs": runs}, out, Path(args.png or out / "learning.png"))

@@ -47,6 +47,8 @@ def test_quick_run_writes_every_figure(tmp_path) -> None:
         assert all(len(v) == 2 and all(math.isfinite(x) for x in v) for v in run["series"]["reward"].values())
     # the model's starting weights are the same for every seed: so is the greedy score before training
     assert result["runs"][0]["scores"]["before"] == result["runs"][1]["scores"]["before"]
+    # each seed's figures are kept as it finishes (a later invocation's seeds add to them)
+    assert [json.loads((out / f"seed{i}" / "result.json").read_text())["seed"] for i in (0, 1)] == [0, 1]
     table = (out / "learning.md").read_text()
     assert "| 0 | solver |" in table and "| 2 |" in table
     assert (out / "learning.png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
