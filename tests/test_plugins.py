@@ -8,6 +8,7 @@ tests/test_new_system.py.)"""
 from __future__ import annotations
 
 import ast
+import math
 import re
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ SMOKE = ROOT / "configs" / "smoke.yaml"
 FIXTURES = ROOT / "tests" / "fixtures" / "plugins"
 TOY = FIXTURES / "toy.yaml"
 TOY_PLUGIN = FIXTURES / "toy_mas.py"
+MEDIAN_PLUGIN = ROOT / "examples" / "estimators" / "median_baseline.py"
 
 
 @pytest.mark.e2e
@@ -34,9 +36,12 @@ def test_a_plugin_system_trains_in_the_async_pipeline(tmp_path):
     """toy.yaml names its plugin relative to itself (`./toy_mas.py`); run from another directory, the launcher,
     the buffer, the learner and the rollout (each loading the config the launcher wrote into the output
     directory) all find it. Its proposer and checker train on per-agent rewards; its scripted referee, served
-    by no model, makes no sample; its calculator tool answers the episodes' batched calls."""
+    by no model, makes no sample; its calculator tool answers the episodes' batched calls. The learner takes its
+    advantages from a second plugin's estimator (examples/estimators) and its loss from the registry (cispo)."""
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(TOY), f"trainer.output_dir={out}", *ASYNC]
+    plugins = f"plugins=[{TOY_PLUGIN},{MEDIAN_PLUGIN}]"
+    command = [sys.executable, "-m", "drmas.cli", "run", "--config", str(TOY), f"trainer.output_dir={out}", *ASYNC,
+               plugins, "algorithm.estimator=agent_median", "algorithm.loss=cispo"]
     done = run_cli(command, timeout=450, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "held-out accuracy before training" in done.stdout  # the launcher built the plugin's system too
@@ -44,6 +49,7 @@ def test_a_plugin_system_trains_in_the_async_pipeline(tmp_path):
     assert [r["step"] for r in records] == [1, 2]
     for agent in ("proposer", "checker"):
         assert all(f"reward/{agent}/mean" in r for r in records), records[-1].keys()
+        assert all(math.isfinite(r[f"advantage/{agent}/sq_mean"]) for r in records)
     assert not any(key.startswith(("reward/referee", "advantage/referee")) for r in records for key in r)
     # the config every process loaded names the plugin by its absolute path
     assert f"- {TOY_PLUGIN}" in (out / "config.yaml").read_text()
