@@ -23,7 +23,7 @@ CALLS = [("g", "e0", "solver", 0, 1.0), ("g", "e0", "verifier", 1, 0.5), ("g", "
          ("g", "e1", "verifier", 1, 1.0), ("g", "e1", "solver", 2, 0.0), ("g", "e2", "solver", 0, 1.0),
          ("h", "e0", "solver", 0, 0.5)]
 SCORES = {"g/e0": 0.75, "g/e1": 1 / 3, "g/e2": 1.0, "h/e0": 0.5}
-BUILT_IN = ["agent", "agent_rloo", "batch", "dr_grpo", "global", "rloo", "step_global"]
+BUILT_IN = ["agent", "agent_rloo", "batch", "dr_grpo", "global", "rloo", "step_global"]  # drmas/algorithms/
 
 
 def _sample(group: str, episode: str, agent: str, turn: int, reward: float) -> Sample:
@@ -52,7 +52,7 @@ def _episode_rows(per_episode: dict[str, float]) -> list[float]:
 
 
 def test_the_built_ins_are_registered():
-    assert ADVANTAGE_ESTIMATORS.names() == BUILT_IN
+    assert set(BUILT_IN) <= set(ADVANTAGE_ESTIMATORS.names())  # with any plugin's another test loaded
 
 
 def test_agent_normalises_each_agent_within_its_group():
