@@ -11,6 +11,7 @@ Statistics: `bench/learning_stats.py`; picture: `bench/learning_plot.py`.
     python bench/learning.py --quick --out runs/learning_quick             # tiny model, 2 x 2 steps, < 60 s
     python bench/learning.py --replot runs/learning [--png docs/learning.png]
     python bench/learning.py --first-seed 2 --seeds 1 --out runs/learning      # one more seed into the same OUT
+    python bench/learning.py --collect --out runs/learning                     # the report of the seeds in OUT
 
 Each seed's figures are written to OUT/seed<N>/result.json as soon as it finishes, and the report covers every
 seed whose result is in OUT: a run cut off after two seeds keeps them, and seeds run apart add up (give them
@@ -192,6 +193,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, help="number of seeds (default 3, quick 2)")
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0: seeds 0..N-1)")
     parser.add_argument("--steps", type=int, help="optimizer steps per run (default: the config's)")
+    parser.add_argument("--collect", action="store_true", help="train nothing: the report of the seeds already "
+                        "in OUT (those of an invocation that was stopped, say)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at the same time (default 1: each run uses "
                         "trainer.threads cores)")
     add_output_args(parser, "learning")
@@ -208,13 +211,15 @@ def main() -> None:
     first = args.first_seed
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
         futures = {seed: pool.submit(train_one, config, seed, steps, overrides, str(out / f"seed{seed}"))
-                   for seed in range(first, first + seeds)}
+                   for seed in ([] if args.collect else range(first, first + seeds))}
         for seed, future in futures.items():
             run = future.result()
             g = run["gain"]
             print(f"done seed {seed}: {run['before']['accuracy']:.3f} -> {run['after']['accuracy']:.3f} "
                   f"(gain {g['gain']:+.3f} ± {g['se_paired']:.3f}) in {run['wall_s']:.0f} s", flush=True)
     runs = seed_results(out)  # this invocation's seeds and any an earlier one left in OUT
+    if not runs:
+        raise SystemExit(f"no seed's result in {out} (seed<N>/{RESULT})")
     meta = {"config": config, "seeds": [r["seed"] for r in runs], "overrides": overrides, "quick": args.quick,
             "jobs": args.jobs, "wall_s": time.monotonic() - start, "cpu_s": sum(r["cpu_s"] for r in runs),
             "commit": commit(), "cpus": os.cpu_count()}
