@@ -221,7 +221,7 @@ def main() -> None:
     if not runs:
         raise SystemExit(f"no seed's result in {out} (seed<N>/{RESULT})")
     meta = {"config": config, "seeds": [r["seed"] for r in runs], "overrides": overrides, "quick": args.quick,
-            "jobs": args.jobs, "wall_s": time.monotonic() - start, "cpu_s": sum(r["cpu_s"] for r in runs),
+            "jobs": args.jobs, "wall_s": max(r["wall_s"] for r in runs) if args.collect else time.monotonic() - start, "cpu_s": sum(r["cpu_s"] for r in runs),
             "commit": commit(), "cpus": os.cpu_count()}
     write_outputs({"meta": meta, "runs": runs}, out, Path(args.png or out / "learning.png"))
 
