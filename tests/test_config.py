@@ -111,6 +111,24 @@ def test_cli_reports_config_error_before_work(capsys):
     assert "trainer.steps" in capsys.readouterr().err
 
 
+def test_an_unregistered_role_is_a_config_error_in_every_entry_point(capsys, tmp_path):
+    """An agent's role is a registered name like the rest (docs/extending.md): `config show`, `run` and `eval`
+    each exit 2 naming the key, with a suggestion and the known roles, before any model is built."""
+    for command in (["config", "show"], ["run"], ["eval"]):
+        assert main([*command, "--config", str(SMOKE), "agents.verifier.role=verifer",
+                     f"trainer.output_dir={tmp_path}/run"]) == 2, command
+        err = capsys.readouterr().err
+        assert "agents.verifier.role: 'verifer' is not a registered agent role (did you mean 'verifier'?)" in err
+        assert re.search(r"known: .*solver, .*verifier", err), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_external_systems_roles_are_labels():
+    """The external system serves agents by name: a role no module registered is only a label there."""
+    cfg = load_config(ROOT / "examples" / "openai_agents" / "tools_config.yaml")
+    assert cfg.agents["solver"].role == "tool_user"
+
+
 def test_cli_refuses_an_unregistered_launcher_before_any_process(capsys, tmp_path):
     assert main(["run", "--config", str(SMOKE), "pipeline.mode=async", "pipeline.launcher=slurm",
                  f"trainer.output_dir={tmp_path}/run"]) == 2
