@@ -100,6 +100,18 @@ def test_missing_config_file_is_named(tmp_path):
         load_config(tmp_path / "nowhere.yaml")
 
 
+def test_a_missing_config_file_suggests_the_closest_one_beside_it(tmp_path, capsys):
+    (tmp_path / "smoke.yaml").write_text("trainer: {steps: 1}\n")
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'smoke.yml'} (did you mean {tmp_path / 'smoke.yaml'}?)")):
+        load_config(tmp_path / "smoke.yml")
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / "other.yaml")  # nothing close: no suggestion
+    assert "did you mean" not in str(err.value)
+    assert main(["run", "--config", str(tmp_path / "smok.yaml")]) == 2
+    assert f"did you mean {tmp_path / 'smoke.yaml'}?" in capsys.readouterr().err
+
+
 def test_cli_config_show_prints_resolved_config(capsys):
     assert main(["config", "show", "--config", str(SMOKE), "trainer.steps=11"]) == 0
     out = capsys.readouterr().out
