@@ -9,6 +9,8 @@ registers components by name; a config then chooses them like the built-ins:
   ``factory(settings, agents_by_role, task)``, where `settings` is the filled `system` section (an instance of
   its settings class) and `agents_by_role` maps each configured role to the agent name that plays it. A
   factory with ``needs_retriever = True`` also gets ``retriever=`` and ``topk=`` from the `retrieval` section;
+  every `agents.<name>.role` must name a registered role agent, unless the factory has ``role_labels = True``
+  (its roles are labels: the external system's);
 * **role agents** (`agents.<name>.role`): `RoleAgent` subclasses (prompting and parsing of one role; their
   `stop` strings end generation) and `ScriptedRole` subclasses (turns computed by code: no model, no sample),
   registered with `@AGENT_ROLES.register(name)`; the math system's `system.solver_prompts` /

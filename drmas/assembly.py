@@ -81,8 +81,9 @@ def load_or_exit(prog: str, path: str | None, overrides: Sequence[str]) -> Drmas
 
 
 def check_components(cfg: DrmasConfig) -> list[str]:
-    """What is wrong with the config's choice of registered components, each message naming its key.
-    (`pipeline.launcher` is checked by `drmas.launch.launch`, the one caller of launchers.)"""
+    """What is wrong with the config's choice of registered components, each message naming its key: an
+    agent's role among them, unless the system takes roles as labels (`role_labels = True` on its factory: the
+    external system). (`pipeline.launcher` is checked by `drmas.launch.launch`, the one caller of launchers.)"""
     found = [problem + _PLUGIN_HINT for key, value, registry in (
         ("system.name", cfg.system.name, ORCHESTRAS),
         ("task.name", cfg.task.name, TASKS),
@@ -101,7 +102,11 @@ def check_components(cfg: DrmasConfig) -> list[str]:
         if with_adapters and not ENGINES.traits(cfg.rollout.engine).serves_adapters:
             found.append(f"rollout.engine: {cfg.rollout.engine!r} serves no LoRA adapters, and models."
                          f"{with_adapters[0]}.adapters needs an engine that does (embedded, vllm)")
+    labels = cfg.system.name in ORCHESTRAS and getattr(ORCHESTRAS.get(cfg.system.name), "role_labels", False)
     for name, agent in cfg.agents.items():
+        if not labels and (problem := AGENT_ROLES.problem(agent.role, f"agents.{name}.role")):
+            found.append(problem + _PLUGIN_HINT)
+            continue
         found.extend(_agent_problems(name, agent))
     return found
 
@@ -112,8 +117,7 @@ _SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens")
 
 
 def role_of(agent: AgentConfig) -> type[RoleAgent] | None:
-    """The registered role class an agent plays (None: a role no module registered, which the orchestra
-    handles itself)."""
+    """The registered role class an agent plays (None: a label, which only a system with `role_labels` takes)."""
     return AGENT_ROLES.get(agent.role) if agent.role in AGENT_ROLES else None
 
 

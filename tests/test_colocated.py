@@ -32,6 +32,7 @@ def test_steps_change_weights_and_engine_follows(tmp_path):
     run.run()
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
+    assert not (tmp_path / "run" / "evals.jsonl").exists()  # no eval.interval: no evaluation, no empty file
     for r in records:
         assert np.isfinite(r["loss/policy"]) and np.isfinite(r["grad_norm/policy"])
         assert {"reward/solver/mean", "advantage/solver/sq_mean", "valid/verifier", "mismatch_kl/policy"} <= set(r)

@@ -100,6 +100,18 @@ def test_missing_config_file_is_named(tmp_path):
         load_config(tmp_path / "nowhere.yaml")
 
 
+def test_a_missing_config_file_suggests_the_closest_one_beside_it(tmp_path, capsys):
+    (tmp_path / "smoke.yaml").write_text("trainer: {steps: 1}\n")
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'smoke.yml'} (did you mean {tmp_path / 'smoke.yaml'}?)")):
+        load_config(tmp_path / "smoke.yml")
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / "other.yaml")  # nothing close: no suggestion
+    assert "did you mean" not in str(err.value)
+    assert main(["run", "--config", str(tmp_path / "smok.yaml")]) == 2
+    assert f"did you mean {tmp_path / 'smoke.yaml'}?" in capsys.readouterr().err
+
+
 def test_cli_config_show_prints_resolved_config(capsys):
     assert main(["config", "show", "--config", str(SMOKE), "trainer.steps=11"]) == 0
     out = capsys.readouterr().out
@@ -109,6 +121,24 @@ def test_cli_config_show_prints_resolved_config(capsys):
 def test_cli_reports_config_error_before_work(capsys):
     assert main(["run", "--config", str(SMOKE), "trainer.stpes=3"]) == 2
     assert "trainer.steps" in capsys.readouterr().err
+
+
+def test_an_unregistered_role_is_a_config_error_in_every_entry_point(capsys, tmp_path):
+    """An agent's role is a registered name like the rest (docs/extending.md): `config show`, `run` and `eval`
+    each exit 2 naming the key, with a suggestion and the known roles, before any model is built."""
+    for command in (["config", "show"], ["run"], ["eval"]):
+        assert main([*command, "--config", str(SMOKE), "agents.verifier.role=verifer",
+                     f"trainer.output_dir={tmp_path}/run"]) == 2, command
+        err = capsys.readouterr().err
+        assert "agents.verifier.role: 'verifer' is not a registered agent role (did you mean 'verifier'?)" in err
+        assert re.search(r"known: .*solver, .*verifier", err), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_external_systems_roles_are_labels():
+    """The external system serves agents by name: a role no module registered is only a label there."""
+    cfg = load_config(ROOT / "examples" / "openai_agents" / "tools_config.yaml")
+    assert cfg.agents["solver"].role == "tool_user"
 
 
 def test_cli_refuses_an_unregistered_launcher_before_any_process(capsys, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 from drmas.evaluation.behaviour import behaviour_stats
 from drmas.evaluation.command import cli, prepare, run_evaluation
-from drmas.evaluation.outputs import tensorboard_scalars
+from drmas.evaluation.outputs import markdown, print_report, tensorboard_scalars
 from drmas.evaluation.passk import (
     avg_at_k,
     estimated_pass_at_k,
@@ -126,6 +126,25 @@ def test_behaviour_on_failed_episodes_says_how_often_a_wrong_answer_was_approved
     assert stats["info_on_failures"] == {"approved": pytest.approx(1 / 3)}  # partial credit is not a success
     report = {"benchmarks": {}, "behaviour": {"b": stats}}
     assert tensorboard_scalars(report)["eval/b/on_failures/approved"] == pytest.approx(1 / 3)
+
+
+def test_the_printed_report_shows_episode_statistics_per_episode_not_as_agent_rows(capsys):
+    """An episode's `info` is one number per episode, not per agent: the console report gives it a table of its
+    own (mean per episode, mean per failed episode), as eval.md does, never rows under "calls / episode"."""
+    right = EpisodeOutcome(reward=1.0, turns=[TurnResult("solver", "4", True)], info={"approved": True})
+    wrong = EpisodeOutcome(reward=0.0, turns=[TurnResult("solver", "5", True)], info={"approved": False})
+    stats = behaviour_stats([right, wrong, wrong], agents=("solver",))
+    report = {"checkpoint": None, "step": 0, "sampling": {"k": 1}, "behaviour": {"test": stats},
+              "benchmarks": {"test": {"n_questions": 3, "k": 1, "avg@k": 1 / 3, "pass@k": 1 / 3}}}
+    print_report(report)
+    out = capsys.readouterr().out
+    assert "(episode)" not in out
+    per_agent, per_episode = out.split("behaviour per agent")[1].split("episode statistics")
+    assert "solver" in per_agent and "approved" not in per_agent
+    assert "mean per episode" in per_episode and "mean per failed episode" in per_episode
+    (row,) = [line for line in per_episode.splitlines() if "approved" in line]
+    assert "test" in row and "0.333" in row and "0.000" in row  # approved in 1 of 3 episodes, in 0 of 2 failed
+    assert "| approved | 0.333 | 0.000 |" in markdown(report)  # the same numbers as eval.md
 
 
 # ------------------------------------------------------------------------------------------- the command

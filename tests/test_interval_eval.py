@@ -17,6 +17,7 @@ from tb_events import tensorboard_scalars
 from drmas import assembly
 from drmas.config import ConfigError, read_config
 from drmas.evaluation.async_heldout import final_interval_eval
+from drmas.evaluation.evals_log import EVALS_FILE, EvalLog
 from drmas.evaluation.interval import IntervalSchedule
 from drmas.runtime.metrics import read_metrics
 
@@ -46,6 +47,19 @@ def test_schedule_takes_every_nth_version_and_catches_up_on_a_missed_one():
 def test_a_negative_interval_is_refused_naming_the_key():
     with pytest.raises(ConfigError, match=r"eval\.interval: must be >= 0"):
         read_config(SMOKE, ["eval.interval=-1"])
+
+
+def test_evals_jsonl_is_made_by_the_first_evaluation_not_by_opening_the_log(tmp_path):
+    """Every colocated run opens its EvalLog; one without eval.interval must not leave an empty evals.jsonl."""
+    EvalLog(tmp_path, tensorboard=False).close()
+    assert not (tmp_path / EVALS_FILE).exists()
+    evals = EvalLog(tmp_path, tensorboard=False)
+    report = {"version": 0, "step": 0, "benchmarks": {}, "behaviour": {}}
+    evals.write(report)
+    evals.close()
+    resumed = EvalLog(tmp_path, tensorboard=False, resumed_at=0)  # a resume keeps the records up to its step
+    resumed.close()
+    assert resumed.done == 0 and read_metrics(tmp_path / EVALS_FILE) == [report]
 
 
 @pytest.mark.e2e

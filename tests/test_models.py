@@ -143,6 +143,21 @@ def test_build_once_cleans_up_after_a_failed_build(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_smollm2_conversion_says_what_it_does_and_where_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    """The first use of the SmolLM2 builtin converts ~500 MB for about a minute: one line on stderr says so
+    and names the cache directory, instead of a silent pause; later uses say nothing."""
+    from drmas.models import loading
+
+    monkeypatch.setenv("DRMAS_CACHE", str(tmp_path))
+    monkeypatch.setattr(loading, "_save_smollm2", lambda out: (out / "config.json").write_text("{}"))  # not the real one
+    target = loading.import_smollm2()
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "smollm2-135m-instruct" in err and str(target) in err
+    assert "first use" in err
+    assert loading.import_smollm2() == target and capsys.readouterr().err == ""
+
+
 # ------------------------------------------------------------------------------- models by hub id
 
 

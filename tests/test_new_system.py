@@ -8,8 +8,11 @@ import sys
 import pytest
 from cli_run import run_cli
 
+from drmas import assembly
 from drmas.cli import main
+from drmas.mas import AgentTurn
 from drmas.runtime.metrics import read_metrics
+from drmas.scaffold import new_system
 
 
 @pytest.mark.e2e
@@ -51,3 +54,54 @@ def test_existing_files_are_kept_unless_forced(tmp_path, capsys):
     assert "already there: " in capsys.readouterr().err and (tmp_path / "mine.py").read_text() == "# my work\n"
     assert main(["new-system", "mine", "--dir", str(tmp_path), "--force"]) == 0
     assert "class MineOrchestra" in (tmp_path / "mine.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def scaffold(tmp_path_factory):
+    """The generated plugin, imported through its config: its orchestra, task and format penalty."""
+    _, config = new_system("scaffold_rewards", tmp_path_factory.mktemp("scaffold"))
+
+    def build(rounds: int):
+        cfg = assembly.load_config(config, [f"system.rounds={rounds}"])
+        task = assembly.build_task(cfg)
+        return assembly.build_orchestra(cfg, task), task, cfg.algorithm.invalid_penalty
+    return build
+
+
+def _rewards(orchestra, problem, penalty: float, replies: dict[str, str]) -> dict[str, float]:
+    """Each agent's reward per turn, format penalty included, when every turn of an agent is its scripted reply
+    (the lowest over its turns: what a policy that always writes it is paid at worst)."""
+    episode, reply, asked = orchestra.run(problem), None, []
+    try:
+        while True:
+            turn = episode.send(reply)
+            assert isinstance(turn, AgentTurn)
+            asked.append(turn.agent)
+            reply = replies[turn.agent]
+    except StopIteration as stop:
+        outcome = stop.value
+    assert [t.agent for t in outcome.turns] == asked
+    paid: dict[str, float] = {}
+    for i, turn in enumerate(outcome.turns):
+        reward = outcome.turn_reward(i) - penalty * (not turn.valid)
+        paid[turn.agent] = min(paid.get(turn.agent, reward), reward)
+    return paid
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_the_scaffolds_rewards_pay_no_reply_without_an_answer_above_a_wrong_one(scaffold, rounds):
+    """The template teaches its rewards: a critic that writes no verdict (or a writer no answer) must never be
+    paid more than one that answers wrongly, or the policy learns to stop answering."""
+    orchestra, task, penalty = scaffold(rounds)
+    problem = task.split("train")[0]
+    right, wrong = f"So \\boxed{{{problem.answer}}}.", f"So \\boxed{{{int(problem.answer) + 1}}}."
+    silent = {"writer": "I cannot tell.", "critic": "Looks fine to me."}
+    for answer, wrong_verdict in ((right, "<verify>reject</verify>"), (wrong, "<verify>approve</verify>")):
+        wrong_critic = _rewards(orchestra, problem, penalty, {"writer": answer, "critic": wrong_verdict})["critic"]
+        no_verdict = _rewards(orchestra, problem, penalty, {"writer": answer, "critic": silent["critic"]})["critic"]
+        assert no_verdict < wrong_critic, (answer, no_verdict, wrong_critic)
+        assert no_verdict == -penalty  # nothing for the verdict, the format penalty for the reply
+    for verdict in ("<verify>approve</verify>", "<verify>reject</verify>", silent["critic"]):
+        wrong_writer = _rewards(orchestra, problem, penalty, {"writer": wrong, "critic": verdict})["writer"]
+        no_answer = _rewards(orchestra, problem, penalty, {"writer": silent["writer"], "critic": verdict})["writer"]
+        assert no_answer < wrong_writer, (verdict, no_answer, wrong_writer)

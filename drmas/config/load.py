@@ -185,7 +185,7 @@ def _first_line(exc: Exception) -> str:
 
 def _read_yaml(path: Path) -> dict:
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(f"config file not found: {path}{_nearest_file(path)}")
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -195,6 +195,17 @@ def _read_yaml(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     return data
+
+
+def _nearest_file(path: Path) -> str:
+    """` (did you mean DIR/NAME?)` for the YAML file beside `path` whose name is closest (`smoke.yml` ->
+    `smoke.yaml`), or nothing."""
+    try:  # compared by stem: every candidate ends in .yaml, which alone would make any two names look close
+        stems = {p.stem: p.name for p in path.parent.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()}
+    except OSError:  # no such directory (or unreadable): nothing to suggest
+        return ""
+    close = difflib.get_close_matches(path.stem, stems, n=1)
+    return f" (did you mean {path.parent / stems[close[0]]}?)" if close else ""
 
 
 def _parse_overrides(overrides: Sequence[str]) -> dict:

@@ -205,7 +205,8 @@ def write_tensorboard(out: Path, report: dict) -> Path:
 
 
 def print_report(report: dict) -> None:
-    """The benchmark scores and per-agent behaviour as rich tables."""
+    """The benchmark scores, per-agent behaviour and the episode statistics (`info`: one number per episode, so
+    a table of its own, as in eval.md) as rich tables."""
     from rich.console import Console
     from rich.table import Table
 
@@ -220,9 +221,15 @@ def print_report(report: dict) -> None:
     behaviour = Table(title="behaviour per agent")
     for column in ("benchmark", "agent", "calls / episode", "valid share"):
         behaviour.add_column(column, justify="left" if column in ("benchmark", "agent") else "right")
+    episodes = Table(title="episode statistics")
+    for column in ("benchmark", "statistic", "mean per episode", "mean per failed episode"):
+        episodes.add_column(column, justify="left" if column in ("benchmark", "statistic") else "right")
     for name, stats in report.get("behaviour", {}).items():
         for agent, a in stats["agents"].items():
             behaviour.add_row(name, agent, _fmt(a["calls_per_episode"]), _fmt(a["valid_share"]))
+        failures = stats.get("info_on_failures", {})
         for key, value in stats["info"].items():
-            behaviour.add_row(name, f"(episode) {key}", _fmt(value), "")
+            episodes.add_row(name, key, _fmt(value), _fmt(failures.get(key)))
     console.print(behaviour)
+    if episodes.row_count:
+        console.print(episodes)

@@ -61,6 +61,7 @@ class _Inbound:
 @ORCHESTRAS.register("external", settings=ExternalSettings)
 class ExternalOrchestra:
     serves_agents = True  # built with `agents` (every configured agent -> its model) and `in_flight`
+    role_labels = True  # an agent's role is a label (a registered one adds its stop strings), checked against nothing
     # its code runs in the driver's own thread, not the runner's plugin thread: the program it starts is bound to
     # the thread that starts it (see AgentProgram); it never blocks (the gateway bounds its episodes itself)
     driver_thread = True

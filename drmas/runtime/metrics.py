@@ -10,7 +10,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional, TextIO
 
 import numpy as np
 
@@ -76,20 +76,24 @@ class StepRecords:
     """A JSON-lines file of one record per step (`{"step": N, ...}`: the prompts a learner trained, the
     evaluations of a run), with `MetricsWriter`'s rule for a resumed run: the records after `resumed_at` (of a
     lost branch: logged past the checkpoint the run resumed from) are dropped when it is opened. Written line
-    by line, so a killed process loses no record it wrote."""
+    by line, so a killed process loses no record it wrote; created by its first record, so a run that writes
+    none (no `eval.interval`: evals.jsonl) leaves no empty file."""
 
     def __init__(self, path: str | Path, resumed_at: int | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resumed_at is not None and self.path.exists():
             _keep_records_up_to(self.path, resumed_at)
-        self._handle = open(self.path, "a", buffering=1)
+        self._handle: Optional[TextIO] = None
 
     def write(self, record: Mapping) -> None:
+        if self._handle is None:
+            self._handle = open(self.path, "a", buffering=1)
         self._handle.write(json.dumps(dict(record)) + "\n")
 
     def close(self) -> None:
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()
 
 
 def _keep_records_up_to(path: Path, step: int) -> None:

@@ -6,7 +6,9 @@ Everything a plugin uses comes from `drmas.api`; docs/extending.md of drmas expl
 The episode: a writer answers the problem with a number in \\boxed{}; a critic approves or rejects it with
 <verify>approve</verify> / <verify>reject</verify>; a rejected answer goes back to the writer, who sees the
 critic's reply, for up to `system.rounds` rounds. Rewards differ per agent: the writer gets the task's grade
-of its last answer, the critic `system.critic_reward` for a last verdict that agrees with that grade.
+of its last answer, the critic `system.critic_reward` for a last verdict that agrees with that grade. A reply
+without an answer earns 0 (and the format penalty), never more than a wrong one: a reward that paid for silence
+would teach the model to stop answering.
 Change the roles' prompts, the turn logic in `run` and the rewards to make it your system; register a
 task of your own with `@TASKS.register(...)` or keep a built-in one (the config uses `arithmetic`).
 """
@@ -117,7 +119,8 @@ class TemplateSystemOrchestra:
             if verdict == "approve":
                 break
         grade = float(self.task.grade(problem, answer))
-        critic_right = (verdict == "approve") == (grade >= 1.0)
+        # no verdict is neither approve nor reject: counting it as a reject would pay a silent critic
+        critic_right = verdict is not None and (verdict == "approve") == (grade >= 1.0)
         return EpisodeOutcome(
             reward=grade,  # the episode's task reward: what held-out evaluation reports
             turns=turns,
