@@ -6,9 +6,13 @@ stop, through the launcher: tests/test_gateway_pipeline.py."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from concurrent.futures import Future
 
 import gateway_by_hand as by_hand
+import httpx
 import openai
 import pytest
 
@@ -117,3 +121,36 @@ def test_an_episode_dropped_by_the_runner_answers_its_call_in_flight(orchestra):
     assert [m.id for m in episode.client.models.list().data] == ["solver", "verifier"]  # still serving
     assert by_hand.close_within(orchestra, 60) < STOPPED_WITHIN_S
 
+
+def test_the_server_stops_even_with_a_handler_that_never_returns():
+    """The bound under the gateway's answers: a handler still awaiting after the shutdown grace (its connection
+    dropped) is cancelled one more grace later, so a server's stop never waits for good."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    from drmas.runtime.http import HttpService
+
+    async def forever(request):
+        await asyncio.Event().wait()
+
+    service = HttpService(Starlette(routes=[Route("/", forever)]), "127.0.0.1", 0, "test server",
+                          shutdown_grace_s=0.5).start()
+    got: dict = {}
+
+    def call() -> None:
+        try:
+            got["answer"] = httpx.get(service.base_url(), timeout=60)
+        except httpx.HTTPError as exc:
+            got["error"] = exc
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    time.sleep(0.3)  # the request is in its handler
+    start = time.monotonic()
+    closer = threading.Thread(target=service.close, daemon=True)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive(), "the server waited for its handler"
+    assert time.monotonic() - start < 5
+    caller.join(10)
+    assert isinstance(got.get("error"), httpx.RemoteProtocolError), got  # dropped: there was no answer to give
