@@ -1,6 +1,7 @@
 """What an agent program sees of the gateway beyond the API: the environment drmas starts it with (tracing that
-would send the run's token to a framework's vendor turned off). No engine: the test drives the orchestra by hand
-(tests/gateway_by_hand.py)."""
+would send the run's token to a framework's vendor turned off) and where it finds a completion's id (the body's
+`id`, and the X-Drmas-Completion-Id and X-Request-Id headers, which the real `openai` client exposes). No engine:
+the test drives the orchestra by hand (tests/gateway_by_hand.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import gateway_by_hand as by_hand
 import pytest
 
 from drmas.gateway.service import OPT_IN_TRACING, program_environment
+from drmas.mas.base import Reply
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,3 +47,24 @@ def test_the_started_program_gets_that_environment():
     finally:
         by_hand.close_within(orchestra, 60)
 
+
+def test_a_completion_id_is_in_its_body_and_headers():
+    """The chat.completion's `id` (what call_rewards and invalid_calls name) is also in X-Drmas-Completion-Id
+    and X-Request-Id: the openai client's `_request_id`, which the Agents SDK's chat model keeps as
+    `ModelResponse.request_id` while its `response_id` is None."""
+    orchestra = by_hand.build()
+    try:
+        episode = by_hand.Episode(orchestra)
+        got, caller = episode.call_in_thread(
+            lambda client, eid: client.chat.completions.with_raw_response.create(
+                model="solver", user=eid, messages=[{"role": "user", "content": "hi"}]))
+        episode.take_call()
+        episode.generator.send(Reply("4", 3, 1, "stop", 0))  # the driver's reply: the call is answered
+        caller.join(30)
+        raw = got["reply"]
+        completion = raw.parse()
+        assert completion.id.startswith("chatcmpl-") and completion.choices[0].message.content == "4"
+        assert raw.headers["x-drmas-completion-id"] == raw.headers["x-request-id"] == completion.id
+        assert completion._request_id == completion.id
+    finally:
+        by_hand.close_within(orchestra, 60)
