@@ -5,7 +5,7 @@ an episode: the rollout drops that episode at once, abandons its group (without 
 wait for the group's admission slot until the buffer's lease timeout) and restarts the program, which trains on.
 Every sample the gateway recorded has the log-probs the learner recomputes (the bound of the in-process path,
 tests/test_pipeline_faults.py). When the learner is done the rollout stops in seconds, also with its program's
-calls in flight (they get 503, tests/test_gateway_shutdown.py), not killed by the launcher a minute later. The
+calls in flight (they get an error, tests/test_gateway_shutdown.py), not killed by the launcher a minute later. The
 gateway itself: tests/test_gateway.py."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ with ThreadPoolExecutor(workers) as pool:
 def test_an_async_run_stops_in_seconds_while_its_program_calls(tmp_path, smoke_model):  # noqa: F811
     """The learner finishes while the program's agents keep calling (with max_staleness=0 the episodes the final
     weights generate are the extra ones, so they call on for good): the rollout answers the calls it was
-    generating with 503 and exits within seconds of the launcher's SIGTERM, not killed a minute later (its
+    generating (with an error) and exits within seconds of the launcher's SIGTERM, not killed a minute later (its
     gateway's server waited for those calls' handlers, which awaited an answer that never came)."""
     (tmp_path / "still_calling.py").write_text(STILL_CALLING)
     out = tmp_path / "run"
@@ -118,7 +118,9 @@ def test_an_async_run_stops_in_seconds_while_its_program_calls(tmp_path, smoke_m
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ignored SIGTERM" not in done.stdout + done.stderr, done.stdout[-3000:]  # stopped, not killed
     log = (out / "rollout-0" / "process.log").read_text()
-    assert re.search(r"the rollout is stopping: refused its \d+ requests in flight \(503\)", log), log[-3000:]
+    # its calls being generated were answered when the runner let their episodes go (410), or by the gateway's close
+    assert re.search(r"answered its \d+ requests in flight \(410\)|refused its \d+ requests in flight \(503\)",
+                     log), log[-3000:]
     assert _stop_took(out, final_version=1) < STOPPED_WITHIN_S
 
 

@@ -75,7 +75,7 @@ def test_a_forgotten_episode_answers_its_taken_call_and_is_gone():
     taken = _call(episode_id)
     inbox.submit(episode_id, taken)
     assert inbox.next_events([episode_id]) == [taken]
-    inbox.forget(episode_id, "was abandoned by the rollout")
+    assert inbox.forget(episode_id, "was abandoned by the rollout") == 1
     assert _status(taken.future) == 410 and "was abandoned by the rollout" in str(taken.future.exception(0))
     with pytest.raises(ApiError) as refused:
         inbox.submit(episode_id, _call(episode_id))
@@ -107,17 +107,22 @@ def test_a_call_in_flight_when_the_rollout_stops_gets_503_and_the_gateway_stops_
     assert "the rollout is stopping" in error.message
 
 
-def test_an_episode_dropped_by_the_runner_answers_its_call_in_flight(orchestra):
-    """The runner drops a live episode (past its deadline) by letting its generator go: closing the generator
-    answers the call it had taken with 410 at once, and the gateway serves on."""
+@pytest.mark.parametrize("let_go", ["closed", "released"])
+def test_an_episode_the_runner_lets_go_answers_its_call_in_flight(orchestra, let_go):
+    """The runner drops a live episode past its bounds by closing its generator, and abandons the live ones when
+    its stream stops by releasing them (the generator is closed when collected): either way the call it had
+    taken is answered with 410 at once, and the gateway serves on."""
     episode = by_hand.Episode(orchestra)
     got, caller = episode.call_in_thread(by_hand.ask_solver)
     episode.take_call()
-    episode.generator.close()
+    if let_go == "closed":
+        episode.generator.close()
+    else:
+        episode.generator = None
     caller.join(10)
     error = got.get("error")
     assert isinstance(error, openai.APIStatusError) and error.status_code == 410, got
-    assert "abandoned" in error.message
+    assert "was abandoned by the rollout" in error.message
     assert [m.id for m in episode.client.models.list().data] == ["solver", "verifier"]  # still serving
     assert by_hand.close_within(orchestra, 60) < STOPPED_WITHIN_S
 

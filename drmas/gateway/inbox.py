@@ -177,18 +177,21 @@ class Inbox:
         resolve(event.future, error=error)
         self._done_with(episode_id)
 
-    def forget(self, episode_id: str, why: str) -> None:
+    def forget(self, episode_id: str, why: str) -> int:
         """The episode ended, was dropped or abandoned: what of it is still unanswered (queued, or taken by a
-        driver that gave it up) and requests naming it from now on get 410, "episode <id> <why>"."""
+        driver that gave it up) and requests naming it from now on get 410, "episode <id> <why>". Returns how
+        many requests in flight it answered so."""
         with self._cond:
             episode = self._episodes.pop(episode_id, None)
             if episode is None:
-                return
+                return 0
             if episode_id in self._unclaimed:
                 self._unclaimed.remove(episode_id)
             self._remember(episode_id, why)
-            for event in _unanswered(episode):
+            unanswered = [event for event in _unanswered(episode) if not event.future.done()]
+            for event in unanswered:
                 resolve(event.future, error=_gone(episode_id, why))
+        return len(unanswered)
 
     def drop_claimed(self, reason: str) -> int:
         """Drop every episode handed out (their program exited; a new one starts afresh); returns how many."""

@@ -16,8 +16,9 @@ reported reward, or the task's grade of the reported answer; per-agent and per-c
 `EpisodeOutcome.agent_rewards` / `turn_rewards`, calls reported invalid onto invalid turns); a drop (timeout, or the program exited) returns an outcome
 with `dropped` set: no samples, and its group is dropped like any incomplete one. A request that cannot be
 honoured is answered with an error and the episode goes on. Every call the driver takes is answered, also when
-the episode goes no further: its generator closed (the runner dropped it) answers 410, and `close` (the rollout
-stops) 503, first, since the server's stop waits for every handler and a handler awaits its answer.
+the episode goes no further, since the server's stop waits for every handler and a handler awaits its answer:
+its generator closed (the runner dropped the episode, or abandoned it when its stream stopped) answers 410,
+and `close` (the rollout stops) 503.
 
 The gateway and the program start with the first episode (`start`) and stop with `close`, which every driver
 calls when it is done (rollout, colocated run, held-out evaluation, `drmas eval`: the program then runs
@@ -134,8 +135,11 @@ class ExternalOrchestra:
         episode_id = self.inbox.open(problem)
         try:
             return (yield from self._episode(problem, episode_id))
-        except BaseException as exc:  # closed by the runner (it dropped the episode) or failed: answer its call
-            self.inbox.forget(episode_id, ABANDONED if isinstance(exc, GeneratorExit) else FAILED)
+        except BaseException as exc:  # closed (the runner dropped or abandoned the episode) or failed
+            why = ABANDONED if isinstance(exc, GeneratorExit) else FAILED
+            answered = self.inbox.forget(episode_id, why)
+            if answered:
+                log.info("episode %s %s: answered its %d requests in flight (410)", episode_id, why, answered)
             raise
 
     def _episode(self, problem: Problem, episode_id: str) -> EpisodeGenerator:
