@@ -144,8 +144,8 @@ def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
 
 
 def completion_headers(completion_id: str) -> dict[str, str]:
-    """A completion's id in headers too, for programs whose framework keeps the body's `id` from them: the openai
-    client records X-Request-Id as the result's `_request_id` (and the Agents SDK's chat model as
+    """A completion's id in headers too, for programs whose framework does not hand the body's `id` on: the
+    openai client records X-Request-Id as the result's `_request_id` (and the Agents SDK's chat model as
     `ModelResponse.request_id`); X-Drmas-Completion-Id names it for an HTTP client's response hook."""
     return {COMPLETION_HEADER: completion_id, "X-Request-Id": completion_id}
 

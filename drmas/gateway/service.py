@@ -27,7 +27,7 @@ from drmas.runtime.netsec import is_loopback_host
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 # Tracing on by default that exports with OPENAI_API_KEY (here the run's token) to its vendor: the OpenAI Agents
-# SDK's (Python and JS) posts every run's spans, prompts and replies included, to OpenAI's servers. Off, unless
+# SDK (Python and JS) posts every run's spans, prompts and replies included, to OpenAI's servers. Off, unless
 # system.env sets it (drmas' own environment was set for the user's real key, so it does not count).
 TRACING_OFF = {"OPENAI_AGENTS_DISABLE_TRACING": "1"}
 # Opt-in tracing (LangSmith: LangChain, LangGraph), exported with its own key: left as the user set it, in
