@@ -4,6 +4,8 @@
     GET  /v1/models/{agent}
     POST /v1/chat/completions                    a call of the agent `model` names, in the episode named by the
                                                  X-Drmas-Episode header or the `user` field -> chat.completion
+                                                 (its id also in the X-Drmas-Completion-Id and X-Request-Id
+                                                 headers, see `completion_headers`)
     POST /drmas/v1/episodes                      hand out an episode: {"id", "object": "episode", "problem"}
     POST /drmas/v1/episodes/{id}/reward          end it: {"reward"} or {"answer"}, optionally "agent_rewards",
                                                  "call_rewards" -> {"id", "object", "status", "reward", "calls"}
@@ -40,6 +42,7 @@ from drmas.runtime.http import RequestError, read_body
 log = logging.getLogger(__name__)
 
 EPISODE_HEADER = "X-Drmas-Episode"
+COMPLETION_HEADER = "X-Drmas-Completion-Id"
 _CLAIM_POLL_S = 1.0  # a waiting claim checks this often whether its client is still there
 
 
@@ -57,12 +60,13 @@ class AppSettings:
 def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
     agents = list(settings.agents)
 
-    def guarded(handler: Callable[[Request], Awaitable[dict]]) -> Callable[[Request], Awaitable[Response]]:
+    def guarded(handler: Callable[[Request], Awaitable[dict | Response]]) -> Callable[[Request], Awaitable[Response]]:
         @wraps(handler)
         async def run(request: Request) -> Response:
             try:
                 _authorize(request, settings)
-                return _json(HTTPStatus.OK, await handler(request))
+                answer = await handler(request)
+                return answer if isinstance(answer, Response) else _json(HTTPStatus.OK, answer)
             except api.ApiError as exc:
                 return _error(exc)
             except RequestError as exc:
@@ -92,7 +96,7 @@ def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
         return api.model(agent)
 
     @guarded
-    async def chat(request: Request) -> dict:
+    async def chat(request: Request) -> Response:
         call = api.decode_chat(await body(request), agents, settings.honour_sampling)
         episode_id = request.headers.get(EPISODE_HEADER) or call.user
         if not episode_id:
@@ -101,7 +105,8 @@ def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
         event = Call(api.new_completion_id(), call)
         inbox.submit(episode_id, event)
         replies = await asyncio.wrap_future(event.future)
-        return api.completion(event.id, call, replies, settings.agents[call.agent], settings.tool_parser)
+        return _json(HTTPStatus.OK, api.completion(event.id, call, replies, settings.agents[call.agent],
+                                                   settings.tool_parser), completion_headers(event.id))
 
     @guarded
     async def claim(request: Request) -> dict:
@@ -136,6 +141,13 @@ def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
     app = Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})
     app.router.redirect_slashes = False
     return app
+
+
+def completion_headers(completion_id: str) -> dict[str, str]:
+    """A completion's id in headers too, for programs whose framework does not hand the body's `id` on: the
+    openai client records X-Request-Id as the result's `_request_id` (and the Agents SDK's chat model as
+    `ModelResponse.request_id`); X-Drmas-Completion-Id names it for an HTTP client's response hook."""
+    return {COMPLETION_HEADER: completion_id, "X-Request-Id": completion_id}
 
 
 def _authorize(request: Request, settings: AppSettings) -> None:

@@ -16,6 +16,10 @@ An episode is dropped (its next event is `Dropped`) when it has not ended `episo
 out (or, never handed out, after it was opened: a driver running a fixed set of episodes must not wait forever on
 a program that stopped asking), or when the program that claimed it exits (`drop_claimed`); its queued calls are
 refused, and later requests naming it get 410 with the reason.
+
+Every request the gateway queued is answered, by the driver or here: an event the driver took and will not answer
+(its episode abandoned: the generator closed; or the rollout stopping: `close`) is answered with an error, since
+its HTTP handler awaits that answer and the server cannot stop while a handler runs.
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ class _Episode:
     claimed_at: Optional[float] = None
     touched_at: float = 0.0  # when it was opened, handed out or last answered: a call (or a claim) is due
     events: deque = field(default_factory=deque)
-    busy: bool = False  # the driver holds one of its events
+    taken: Optional[Union[Call, End]] = None  # the event the driver took and has not answered yet
     dropped: str = ""
 
 
@@ -137,11 +141,11 @@ class Inbox:
                     out.append(Dropped(self._closed or "the gateway forgot it"))
                     continue
                 self._expire(episode, now)
-                if episode.dropped:
-                    out.append(Dropped(episode.dropped))
-                elif episode.events and not episode.busy:
-                    episode.busy = True
-                    out.append(episode.events.popleft())
+                if self._closed or episode.dropped:
+                    out.append(Dropped(self._closed or episode.dropped))
+                elif episode.events and episode.taken is None:
+                    episode.taken = episode.events.popleft()
+                    out.append(episode.taken)
                 else:
                     out.append(PENDING)
         return out
@@ -154,10 +158,11 @@ class Inbox:
             while not self._closed:
                 now = self._clock()
                 episodes = [e for e in map(self._episodes.get, episode_ids) if e is not None]
-                due = [e.touched_at + self.batch_wait_s for e in episodes if not (e.busy or e.events or e.dropped)]
+                due = [e.touched_at + self.batch_wait_s for e in episodes
+                       if e.taken is None and not (e.events or e.dropped)]
                 gathered_at = max((t for t in due if t > now), default=None)
                 if gathered_at is None:
-                    if now >= deadline or any((e.events and not e.busy) or e.dropped or self._overdue(e, now)
+                    if now >= deadline or any((e.events and e.taken is None) or e.dropped or self._overdue(e, now)
                                               for e in episodes):
                         return
                     gathered_at = deadline
@@ -172,17 +177,21 @@ class Inbox:
         resolve(event.future, error=error)
         self._done_with(episode_id)
 
-    def forget(self, episode_id: str, why: str) -> None:
-        """The episode ended or was dropped: requests naming it from now on get 410, "episode <id> <why>"."""
+    def forget(self, episode_id: str, why: str) -> int:
+        """The episode ended, was dropped or abandoned: what of it is still unanswered (queued, or taken by a
+        driver that gave it up) and requests naming it from now on get 410, "episode <id> <why>". Returns how
+        many requests in flight it answered so."""
         with self._cond:
             episode = self._episodes.pop(episode_id, None)
             if episode is None:
-                return
+                return 0
             if episode_id in self._unclaimed:
                 self._unclaimed.remove(episode_id)
             self._remember(episode_id, why)
-            for event in episode.events:
+            unanswered = [event for event in _unanswered(episode) if not event.future.done()]
+            for event in unanswered:
                 resolve(event.future, error=_gone(episode_id, why))
+        return len(unanswered)
 
     def drop_claimed(self, reason: str) -> int:
         """Drop every episode handed out (their program exited; a new one starts afresh); returns how many."""
@@ -193,17 +202,23 @@ class Inbox:
             self._cond.notify_all()
         return len(claimed)
 
-    def close(self, reason: str) -> None:
-        """Refuse everything waiting and everything to come (503): the rollout stops."""
+    def close(self, reason: str) -> int:
+        """Refuse everything waiting, the events the driver took included (it stops: it will not answer them),
+        and everything to come (503); from now on every episode's next event is `Dropped`. Returns how many
+        calls and reward reports were refused (claims not counted)."""
         with self._cond:
             self._closed = reason
             while self._claimers:
                 resolve(self._claimers.popleft(), error=_unavailable(reason))
+            refused = 0
             for episode in self._episodes.values():
-                for event in episode.events:
+                for event in _unanswered(episode):
+                    refused += not event.future.done()
                     resolve(event.future, error=_unavailable(reason))
+                episode.taken = None
                 episode.events.clear()
             self._cond.notify_all()
+        return refused
 
     # ---- the gateway's event loop ---------------------------------------------------------------------------
 
@@ -256,7 +271,7 @@ class Inbox:
         with self._cond:
             episode = self._episodes.get(episode_id)
             if episode is not None:
-                episode.busy = False
+                episode.taken = None
                 episode.touched_at = self._clock()
 
     def _overdue(self, episode: _Episode, now: float) -> bool:
@@ -282,6 +297,11 @@ class Inbox:
         self._gone[episode_id] = why
         while len(self._gone) > _GONE_MEMORY:
             self._gone.popitem(last=False)
+
+
+def _unanswered(episode: _Episode) -> list[Union[Call, End]]:
+    """The episode's events whose requests still await an answer: the one the driver took, then the queued."""
+    return [*([episode.taken] if episode.taken is not None else []), *episode.events]
 
 
 def _gone(episode_id: str, why: str) -> ApiError:

@@ -15,7 +15,10 @@ event arrives. A call is generated (n choices, one after another) and answered; 
 reported reward, or the task's grade of the reported answer; per-agent and per-call rewards map onto
 `EpisodeOutcome.agent_rewards` / `turn_rewards`, calls reported invalid onto invalid turns); a drop (timeout, or the program exited) returns an outcome
 with `dropped` set: no samples, and its group is dropped like any incomplete one. A request that cannot be
-honoured is answered with an error and the episode goes on.
+honoured is answered with an error and the episode goes on. Every call the driver takes is answered, also when
+the episode goes no further, since the server's stop waits for every handler and a handler awaits its answer:
+its generator closed (the runner dropped the episode, or abandoned it when its stream stopped) answers 410,
+and `close` (the rollout stops) 503.
 
 The gateway and the program start with the first episode (`start`) and stop with `close`, which every driver
 calls when it is done (rollout, colocated run, held-out evaluation, `drmas eval`: the program then runs
@@ -42,6 +45,9 @@ from drmas.tasks.base import Problem, Task
 log = logging.getLogger(__name__)
 
 GATEWAY = "gateway"  # the service the episodes wait on
+STOPPING = "the rollout is stopping"
+ABANDONED = "was abandoned by the rollout (it stopped, or the episode ran past its bounds)"
+FAILED = "failed in the rollout (see its log)"
 
 
 class _Inbound:
@@ -103,8 +109,11 @@ class ExternalOrchestra:
             self.program.check()
 
     def close(self) -> None:
-        """Refuse what waits, stop the program, then the server. Callable more than once."""
-        self.inbox.close("the rollout is stopping")
+        """Refuse what waits, the calls being generated included (the driver stops; their handlers would hold
+        the server's stop), then stop the program, then the server. Callable more than once."""
+        refused = self.inbox.close(STOPPING)
+        if refused:
+            log.info("%s: refused its %d requests in flight (503)", STOPPING, refused)
         if self.program is not None:
             self.program.stop()
         if self.service is not None:
@@ -125,6 +134,16 @@ class ExternalOrchestra:
     def run(self, problem: Problem) -> EpisodeGenerator:
         self.start()
         episode_id = self.inbox.open(problem)
+        try:
+            return (yield from self._episode(problem, episode_id))
+        except BaseException as exc:  # closed (the runner dropped or abandoned the episode) or failed
+            why = ABANDONED if isinstance(exc, GeneratorExit) else FAILED
+            answered = self.inbox.forget(episode_id, why)
+            if answered:
+                log.info("episode %s %s: answered its %d requests in flight (410)", episode_id, why, answered)
+            raise
+
+    def _episode(self, problem: Problem, episode_id: str) -> EpisodeGenerator:
         turns: list[TurnResult] = []
         call_turns: dict[str, list[int]] = {}  # completion id -> its turns (one per choice)
         while True:

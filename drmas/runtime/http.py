@@ -114,6 +114,9 @@ class _UvicornServer(uvicorn.Server):
 
     Dropping a connection (rather than letting uvicorn cancel its task at its own graceful timeout) ends a
     request quietly: a handler waiting for the body sees a client disconnect, and an answer has no one to go to.
+    A handler still running `grace_s` later (awaiting something that never comes) is cancelled by uvicorn's
+    graceful timeout (set to twice `grace_s` by `HttpService`), with an error line: uvicorn alone would wait for it
+    for good, and the process could not stop.
     """
 
     def __init__(self, config: uvicorn.Config, grace_s: float):
@@ -176,6 +179,7 @@ class HttpService:
             ws="none", lifespan="off", log_config=None, access_log=False, proxy_headers=False, server_header=False,
             backlog=backlog, timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # a float works
             limit_concurrency=max_connections,
+            timeout_graceful_shutdown=2 * shutdown_grace_s,  # type: ignore[arg-type]  # see _UvicornServer
         )
         self._server = _UvicornServer(config, grace_s=shutdown_grace_s)
         self._sock = _listen(host, port, backlog)  # last: nothing above holds an OS resource yet
@@ -218,7 +222,8 @@ class HttpService:
 
     def close(self) -> None:
         """Stop serving: let in-flight requests finish (connections still open after the shutdown grace are
-        dropped), then release the socket and the thread. Callable from any thread, more than once."""
+        dropped, handlers still running after twice the grace cancelled), then release the socket and the thread.
+        Callable from any thread, more than once."""
         self._server.should_exit = True
         if not self._ran:  # never served, and now never will
             self._ran = True
