@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import torch
 
 from drmas.config.schema import TinyModelConfig
 
@@ -45,3 +46,12 @@ def tiny_model(tiny_model_dir: Path):
     from drmas.models.loading import load_model
 
     return load_model(tiny_model_dir)
+
+
+@pytest.fixture
+def float64() -> Iterator[None]:
+    """torch's default dtype float64 for the test (exact hand-computed values), restored afterwards."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)

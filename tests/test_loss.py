@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Iterator
 
 import pytest
 import torch
@@ -12,13 +11,7 @@ from drmas.algorithms.losses import masked_mean
 from drmas.algorithms.ppo import ppo_loss
 
 
-@pytest.fixture(autouse=True)
-def _float64() -> Iterator[None]:
-    """Exact hand-computed values need float64; restore the global default so other modules are unaffected."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")  # exact hand-computed values (tests/conftest.py)
 
 
 def _leaf(values: list[list[float]]) -> torch.Tensor:

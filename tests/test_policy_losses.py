@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import math
-from typing import Iterator
 
 import pytest
 import torch
@@ -15,12 +14,7 @@ from drmas.algorithms import POLICY_LOSSES, LossInputs, LossOutput, policy_loss
 from drmas.config.schema import AlgorithmConfig
 
 
-@pytest.fixture(autouse=True)
-def _float64() -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")  # exact hand-computed values (tests/conftest.py)
 
 
 def _run(loss: str, logprobs, proximal, adv, behaviour=None, mask=None, **alg: object):
