@@ -75,14 +75,21 @@ class AdvantageBatch:
         for s in every:
             calls.setdefault((s.group_id, s.episode_id), []).append(float(s.reward))
             pooled.setdefault(s.group_id, []).append(float(s.reward))
+        return cls.of(samples, {key: sum(r) / len(r) for key, r in calls.items()},  # as the buffer scores them
+                      {g: np.array(r, dtype=np.float64) for g, r in pooled.items()})
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample], episode_scores: Mapping[tuple[str, str], float],
+           group_rewards: Mapping[str, np.ndarray]) -> AdvantageBatch:
+        """The batch of `samples` (one row each) with their groups' context as given."""
         return cls(
             reward=np.array([s.reward for s in samples], dtype=np.float64),
             group=np.array([s.group_id for s in samples], dtype=str),
             episode=np.array([s.episode_id for s in samples], dtype=str),
             agent=np.array([s.agent for s in samples], dtype=str),
             turn=np.array([s.turn for s in samples], dtype=np.int64),
-            episode_scores={key: sum(r) / len(r) for key, r in calls.items()},  # as the buffer scores them
-            group_rewards={g: np.array(r, dtype=np.float64) for g, r in pooled.items()},
+            episode_scores=episode_scores,
+            group_rewards=group_rewards,
         )
 
     def __len__(self) -> int:

@@ -205,14 +205,9 @@ def group_advantages(
     for s in samples:
         own.setdefault(s.group_id, []).append(float(s.reward))
     pooled = {g.group_id: np.asarray(g.group_rewards, dtype=np.float64) for g in groups if g.group_rewards}
-    batch = AdvantageBatch(
-        reward=np.array([s.reward for s in samples], dtype=np.float64),
-        group=np.array([s.group_id for s in samples], dtype=str),
-        episode=np.array([s.episode_id for s in samples], dtype=str),
-        agent=np.array([s.agent for s in samples], dtype=str),
-        turn=np.array([s.turn for s in samples], dtype=np.int64),
-        episode_scores={(g.group_id, e): score for g in groups for e, score in g.episode_scores.items()},
-        group_rewards={g: pooled.get(g, np.asarray(r, dtype=np.float64)) for g, r in own.items()},
+    batch = AdvantageBatch.of(
+        samples, {(g.group_id, e): score for g in groups for e, score in g.episode_scores.items()},
+        {g: pooled.get(g, np.asarray(r, dtype=np.float64)) for g, r in own.items()},
     )
     adv = estimate(batch, alg, stats)
     stats.update([s.agent for s in samples], [s.reward for s in samples])
