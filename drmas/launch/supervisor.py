@@ -137,6 +137,7 @@ class Supervisor(ABC):
             accuracy = {}
             try:
                 self._check()
+                stop.reclaim()  # joining a cluster (ray.init) may have put its own handlers on the signals
                 if not self.cfg.trainer.resume:  # builds the system as the rollouts will (its retriever's corpus
                     accuracy["before"] = self._heldout("before")  # included): the same refusals, before anything
                 if stop.is_set():  # Ctrl-C during the checks or the initial evaluation: nothing written yet

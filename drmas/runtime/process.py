@@ -37,6 +37,12 @@ class StopFlag:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._replaced[sig] = signal.signal(sig, self._on_signal)
 
+    def reclaim(self) -> None:
+        """Install the handlers again, over any that a library installed since at the C level (Ray's core
+        worker, started by `ray.init`, puts a handler on SIGTERM that aborts the process)."""
+        for sig in self._replaced:
+            signal.signal(sig, self._on_signal)
+
     def restore(self) -> None:
         """Put back the signal handlers this flag replaced."""
         for sig, handler in self._replaced.items():
