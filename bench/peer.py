@@ -261,7 +261,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/peer")
     parser.add_argument("--png", help="parity's plot (default OUT/peer.png)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the config, for every run")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # overrides may follow the options: `parity --quick a=b`
     parity = args.what == "parity"
     steps = args.steps or (2 if args.quick else 20 if parity else 6)
     seeds = 1 if not parity else args.seeds or (2 if args.quick else 3)
