@@ -168,6 +168,12 @@ def steady(run: dict) -> dict:
             "peak_rss_mb": run["peak_rss_mb"], "steps_timed": len(timed)}
 
 
+def _same_start(a: list[str], b: list[str]) -> bool:
+    """Whether two runs' problems agree as far as both went (and both recorded some)."""
+    n = min(len(a), len(b))
+    return n > 0 and a[:n] == b[:n]
+
+
 def parity_table(runs: list[dict]) -> tuple[str, dict]:
     by = {f: [r for r in runs if r["framework"] == f] for f in ("drmas", "trl")}
     steps = min((r["steps"] for rs in by.values() for r in rs), default=0)
@@ -180,8 +186,8 @@ def parity_table(runs: list[dict]) -> tuple[str, dict]:
     summary = {"steps": steps, "curves": curves, "per_seed": per_seed, "difference": interval(paired),
                "overlapping_steps": overlap,
                "prompt_ids_match": all(r["prompt_ids_match"] for r in runs),
-               "same_prompts": all(d["prompts"][:steps * 2] == t["prompts"][:steps * 2] for d in by["drmas"]
-                                   for t in by["trl"] if d["seed"] == t["seed"] and d["prompts"] and t["prompts"])}
+               "same_prompts": all(_same_start(d["prompts"], t["prompts"]) for d in by["drmas"] for t in by["trl"]
+                                   if d["seed"] == t["seed"])}
     diff = summary["difference"]
     lines = [f"seeds drmas {[r['seed'] for r in by['drmas']]}, trl {[r['seed'] for r in by['trl']]}; {steps} steps; "
              f"prompt token ids equal: {summary['prompt_ids_match']}; same problems in the same order: "
