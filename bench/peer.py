@@ -237,8 +237,13 @@ def plot(result: dict, png: Path) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4))
     for f, color in (("drmas", "tab:blue"), ("trl", "tab:orange")):
         x = np.arange(1, len(curves[f]) + 1)
-        ax.plot(x, [c["mean"] for c in curves[f]], color=color, label=f"{f} (mean over seeds)")
-        ax.fill_between(x, [c["low"] for c in curves[f]], [c["high"] for c in curves[f]], color=color, alpha=0.2)
+        for run in (r for r in result["runs"] if r["framework"] == f):  # each seed, thin
+            ax.plot(x, run["reward"][:len(x)], color=color, alpha=0.35, linewidth=0.8)
+        ax.plot(x, [c["mean"] for c in curves[f]], color=color, linewidth=2, label=f"{f} (mean over seeds)")
+        # a reward lies in [0, 1]: so does the interval drawn (two seeds' t-interval is far wider)
+        ax.fill_between(x, np.clip([c["low"] for c in curves[f]], 0, 1), np.clip([c["high"] for c in curves[f]], 0, 1),
+                        color=color, alpha=0.12)
+    ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("step")
     ax.set_ylabel("training reward (mean of 16 completions)")
     ax.set_title("GRPO on one agent: drmas vs TRL (95% intervals over seeds)")
