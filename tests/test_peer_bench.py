@@ -43,6 +43,7 @@ def _quick(what: str, out: Path) -> str:
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(960)  # 4 runs, ~70 s in all on a quiet machine; minutes on a loaded one
 def test_quick_parity_trains_both_on_the_same_prompts(tmp_path) -> None:
     pytest.importorskip("trl")
     out = tmp_path / "parity"
@@ -64,6 +65,7 @@ def test_quick_parity_trains_both_on_the_same_prompts(tmp_path) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(960)
 def test_quick_speed_compares_three_runs_to_trl(tmp_path) -> None:
     pytest.importorskip("trl")
     out = tmp_path / "speed"
