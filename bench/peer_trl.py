@@ -7,7 +7,7 @@ What is set from the drmas config (configs/peer.yaml) and how, side by side:
 | models.<m> (its directory, float32)           | the same directory, model_init_kwargs dtype float32, CPU   |
 | the solver's first turn of each problem       | the same chat messages as a conversational `prompt`        |
 | drawing order for trainer.seed (draws 0..N-1) | the dataset in that order, shuffle_dataset false           |
-| rollout.group_size x prompts_per_step         | num_generations; 4 micro-batches of a quarter each          |
+| rollout.group_size x prompts_per_step         | num_generations; micro-batches of micro_batch_size         |
 | temperature, top_p, agent max_new_tokens      | temperature, top_p, top_k 0, max_completion_length         |
 | optim lr, betas, eps, weight_decay, grad_clip | learning_rate, adam_*, weight_decay, max_grad_norm         |
 | no schedule (warmup_steps 0)                  | lr_scheduler_type constant                                  |
@@ -67,10 +67,11 @@ def train_trl(config: str, seed: int, steps: int, overrides: list[str], out: str
         return [float(task.grade(by_uid[u], c[-1]["content"])) for c, u in zip(completions, uid)]
 
     group = roll.group_size * roll.prompts_per_step
-    micro = 4 if group % 4 == 0 else 1
+    size = alg.micro_batch_size if group % alg.micro_batch_size == 0 else 1  # drmas's micro-batches, where they divide
+    micro = group // size
     args = GRPOConfig(
         output_dir=out, use_cpu=True, bf16=False, fp16=False, seed=seed, data_seed=seed, max_steps=steps,
-        per_device_train_batch_size=group // micro, gradient_accumulation_steps=micro, steps_per_generation=micro,
+        per_device_train_batch_size=size, gradient_accumulation_steps=micro, steps_per_generation=micro,
         num_generations=roll.group_size, max_completion_length=agent.max_new_tokens or roll.max_new_tokens,
         temperature=roll.temperature, top_p=roll.top_p, top_k=0, shuffle_dataset=False,
         learning_rate=optim.lr, adam_beta1=optim.beta1, adam_beta2=optim.beta2, adam_epsilon=optim.eps,

@@ -94,10 +94,9 @@ def test_ray_run_survives_dead_actors_and_follows_added_and_removed_rollouts(tmp
         rollouts("add", 2)
         run.wait_for(lambda: len(_steps(solver)) >= 1, "learner step 1", timeout=150)
         first_rollout = run.kill_actor("rollout-0")
-        run.wait_for(lambda: re.search(r"\[rollout-0\] .*rollout-0 joined tcp://",
-                                       run.output().split("rollout-0 was lost with its host", 1)[-1])
-                     and "rollout-0 was lost with its host" in run.output(), "rollout-0 restarted and joined",
-                     timeout=150)
+        run.wait_for(lambda: re.search(r"\[rollout-0\] .*rollout-0 joined tcp://",  # "" until it was lost
+                                       run.output().partition("rollout-0 was lost with its host")[2]),
+                     "rollout-0 restarted and joined", timeout=150)
         run.wait_for(lambda: len(_steps(verifier)) >= 2, "verifier step 2", timeout=150)
         killed_at = max(_steps(verifier))
         run.kill_actor("learner-verifier_model")
