@@ -19,6 +19,16 @@ from typing import Sequence
 import numpy as np
 
 Z95 = 1.959963984540054
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def t95(n: int) -> float:
+    """The two-sided 95% Student t quantile for a mean over n values (n - 1 degrees of freedom; nan below 2).
+    A table to 10 degrees of freedom, then z + 2.4 / df + 2.5 / df^2, within 0.2% of the exact quantile."""
+    if n < 2:
+        return math.nan
+    df = n - 1
+    return _T95.get(df, Z95 + 2.4 / df + 2.5 / df**2)
 
 
 def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:

@@ -6,6 +6,11 @@ on about half of such questions and, sampled at temperature 0.8, on about a quar
 docs/learning.md). That is the range where a group of 8 holds right and wrong answers and RL has something to
 learn from. The held-out problems differ from every training problem in people, numbers or the one asked.
 
+System `lookup_credit` (bench/stability.py --setting lookup_credit, issue 34 part 2): one solver call, then one
+verifier call, with rewards that differ in scale by construction. The solver gets the task's grade of its answer
+(0 or 1); the verifier gets `verifier_scale` (0.1) when its verdict matches that answer's correctness, else 0. This
+is setting (b) of bench/expected_advantages.py: global normalisation must mis-assign or mis-scale one of them.
+
 Roles `lookup_solver` and `lookup_verifier` (chosen by `system.solver_prompts` / `system.verifier_prompts` of the
 `math` system): the math system's solver and verifier with worked examples of this task. With the built-in
 arithmetic examples SmolLM2 does arithmetic on these questions too ("Lena has 6 - 1 = 5 pencils") and is right
@@ -17,8 +22,24 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from drmas.api import AGENT_ROLES, TASKS, Problem, SolverAgent, TaskSettings, TeamContext, VerifierAgent, grade_answer
-from drmas.api import help_field
+from drmas.api import (
+    AGENT_ROLES,
+    ORCHESTRAS,
+    TASKS,
+    AgentTurn,
+    EpisodeGenerator,
+    EpisodeOutcome,
+    Problem,
+    SolverAgent,
+    SystemSettings,
+    Task,
+    TaskSettings,
+    TeamContext,
+    TurnResult,
+    VerifierAgent,
+    grade_answer,
+    help_field,
+)
 
 NAMES = ("Mia", "Liam", "Ava", "Noah", "Zoe", "Omar", "Ben", "Priya", "Lena", "Tom", "Ines", "Raj")
 ITEMS = ("apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "stamps")
@@ -120,3 +141,51 @@ class LookupVerifier(VerifierAgent):
                  "Ana has 8 pens, so 8 is right. <verify>approve</verify>"),
                 (self._review_request(_DEMO_2, "The answer is \\boxed{4}."),
                  "Kim has 12 cups, so 4 is wrong. <verify>reject</verify>")]
+
+
+@dataclass
+class LookupCreditSettings(SystemSettings):
+    """One solver call and one verifier call, each agent rewarded for its own work, on different scales."""
+
+    name: str = SystemSettings.name_field("lookup_credit")
+    verifier_scale: float = help_field(
+        0.1, "The verifier's reward for a verdict that matches the answer's correctness (0 otherwise); the "
+        "solver's is the task grade, 0 or 1.")
+
+    def problems(self, where: str) -> list[str]:
+        if not self.verifier_scale > 0:
+            return [f"{where}.verifier_scale: must be > 0, got {self.verifier_scale}"]
+        return []
+
+
+@ORCHESTRAS.register("lookup_credit", settings=LookupCreditSettings)
+class LookupCredit:
+    """Roles `lookup_solver` and `lookup_verifier`. The solver answers, verifier judges that answer; the episode ends there (the verdict changes nothing but the
+    verifier's own reward, so the two agents' rewards are as independent as the task allows)."""
+
+    def __init__(self, settings: LookupCreditSettings, agents_by_role: dict[str, str], task: Task) -> None:
+        missing = [r for r in ("lookup_solver", "lookup_verifier") if not agents_by_role.get(r)]
+        if missing:
+            raise ValueError(f"system lookup_credit needs agents with roles {', '.join(missing)} (agents.<name>.role)")
+        self.settings, self.task = settings, task
+        self.solver_name, self.verifier_name = agents_by_role["lookup_solver"], agents_by_role["lookup_verifier"]
+        self.agents = (self.solver_name, self.verifier_name)
+        self.services: dict = {}
+        self.solver, self.verifier = LookupSolver(), LookupVerifier()
+
+    def run(self, problem: Problem) -> EpisodeGenerator:
+        context = TeamContext()
+        answer = yield AgentTurn(self.solver_name, self.solver.messages(problem, context))
+        context.add("solver", answer)
+        verdict_text = yield AgentTurn(self.verifier_name, self.verifier.messages(problem, context))
+        grade = float(self.task.grade(problem, answer))
+        verdict = self.verifier.parse(verdict_text)  # None: no verdict, an invalid turn, never a right one
+        right = verdict is not None and (verdict == "approve") == (grade >= 1.0)
+        return EpisodeOutcome(
+            reward=grade,
+            turns=[TurnResult(self.solver_name, answer, self.solver.is_valid(answer)),
+                   TurnResult(self.verifier_name, verdict_text, self.verifier.is_valid(verdict_text))],
+            final_answer=self.solver.parse(answer) or "",
+            agent_rewards={self.solver_name: grade, self.verifier_name: self.settings.verifier_scale * float(right)},
+            info={"verdict_right": float(right), "approved": float(verdict == "approve")},
+        )

@@ -41,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_trl import train_trl  # noqa: E402
+from learning_stats import t95  # noqa: E402
 from report import commit, write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,8 +155,7 @@ def interval(values) -> dict:
     mean = float(v.mean())
     if n == 1:
         return {"mean": mean, "low": math.nan, "high": math.nan, "n": 1}
-    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571}.get(n, 1.96 + 2.5 / n)
-    half = t * float(v.std(ddof=1)) / math.sqrt(n)
+    half = t95(n) * float(v.std(ddof=1)) / math.sqrt(n)
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
 
 

@@ -24,12 +24,17 @@ sampling, initial RNG); the two tiny models' weights are the same for every seed
 workflow with SmolLM2-135M-Instruct as both models (two copies, two optimisers): a shorter real-model run.
 "debate" (`configs/stability_debate.yaml`) is the debate example system (examples/debate, a plugin): two
 solvers on one tiny model, each rewarded by its own final answer, and a judge on another, rewarded by the answer
-it picks (per-agent rewards that differ by construction: `EpisodeOutcome.agent_rewards`).
+it picks (per-agent rewards that differ by construction: `EpisodeOutcome.agent_rewards`). "lookup_credit"
+(`configs/stability_lookup.yaml`, issue 34 part 2) is where the mechanism must show: SmolLM2-135M-Instruct as a
+solver and a verifier (own copies, own optimisers) on bench/lookup.py's task, the solver rewarded 0/1 by its answer
+and the verifier 0/0.1 by whether its verdict matches that answer's correctness (rewards on different scales by
+construction; the E[A^2] each mode must give is in docs/stability.md, computed before any run).
 
     python bench/stability.py --quick --out runs/stability_quick            # < 5 min on 2 cores
     python bench/stability.py --out runs/stability --png docs/stability.png  # full: 3 seeds x 120 steps x 3 modes
     python bench/stability.py --setting smollm2 --out runs/stability_smollm2   # 1 seed x 5 steps x 3 modes
     python bench/stability.py --setting debate --quick --out runs/stability_debate_quick   # per-agent rewards
+    python bench/stability.py --setting lookup_credit --out runs/stability_lookup   # 3 seeds x 20 steps, ~3 h
     python bench/stability.py --quick --estimators all --out runs/stability_all   # every registered estimator
     python bench/stability.py --replot runs/stability [--png docs/stability.png]   # table + plot from the JSON
 
@@ -39,13 +44,16 @@ estimator centres on: group x agent for agent and agent_rloo, the group's calls 
 episodes for the episode-level ones (global, rloo, dr_grpo, batch) and for a plugin's.
 
 Extra `key=value` arguments override the config of every run. Runs go to OUT/<mode>/seed<N>/ (metrics.jsonl,
-TensorBoard); the figures to OUT/stability.json and OUT/stability.md (also printed) and the plot (OUT/stability.png;
+TensorBoard, and the run's figures in run.json as soon as it finishes, so a long setting can be run a seed at a time:
+`--first-seed 1 --seeds 1` adds seed 1 to OUT, and the report covers every run OUT holds of the estimators asked
+for; `--collect` trains nothing and reports them); the figures to OUT/stability.json and OUT/stability.md (also printed) and the plot (OUT/stability.png;
 needs matplotlib, the `bench` extra: without it the figures still come out, and one line says how to get it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -61,6 +69,7 @@ from report import add_output_args, commit, replot, write_report  # noqa: E402
 from stability_stats import measured_second_moment, over_seeds, predicted_second_moment, set_view, spike_share  # noqa: E402
 
 MODES = ("agent", "global", "step_global")
+RUN_FIGURES = "run.json"  # one run's figures, in its run directory
 # the normalisation sets whose spread `measured_second_moment` requires, per built-in estimator (others: global's)
 SET_FAMILY = {"agent": "agent", "agent_rloo": "agent", "step_global": "step_global"}
 SETTINGS = {
@@ -72,6 +81,9 @@ SETTINGS = {
     # per-agent rewards by construction: the debate example's solvers (own answers) vs its judge (the pick)
     "debate": {"config": "configs/stability_debate.yaml", "seeds": 3, "steps": 120, "quick_seeds": 2, "quick_steps": 12,
                "jobs": 2},
+    # rewards on different scales (solver 0/1, verifier 0/0.1); two SmolLM2 copies a run, ~6 GB: two runs fit
+    "lookup_credit": {"config": "configs/stability_lookup.yaml", "seeds": 3, "steps": 20, "quick_seeds": 1,
+                      "quick_steps": 2, "jobs": 2},
 }
 
 
@@ -136,6 +148,7 @@ def train_one(config: str, mode: str, seed: int, steps: int, overrides: list[str
     return {
         "mode": mode, "seed": seed, "steps": len(records), "wall_s": wall, "cpu_s": cpu,
         "accuracy": summary.get("accuracy", {}),
+        "heldout": summary.get("heldout", {}),
         "agents": {a: {"mu": float(rewards[who == a].mean()), "sigma": float(rewards[who == a].std()),
                        "calls_per_step": float((who == a).sum() / max(len(records), 1)),
                        **moments.get(a, {}),
@@ -144,6 +157,8 @@ def train_one(config: str, mode: str, seed: int, steps: int, overrides: list[str
         "models": {m: spike_share([_finite(r.get(f"grad_norm/{m}")) for r in records]) for m in models},
         "series": {
             "reward": [r["episode/reward_mean"] for r in records],
+            "agent_reward": {a: [_finite(r.get(f"reward/{a}/mean")) for r in records] for a in agents},
+            "valid": {a: [_finite(r.get(f"valid/{a}")) for r in records] for a in agents},
             "calls": {a: [float(sum(s.agent == a for s in step)) for step in recorder.steps] for a in agents},
             "grad_norm": {m: [_finite(r.get(f"grad_norm/{m}")) for r in records] for m in models},
             "sq_mean": {a: [s.get(a, {}).get("measured", math.nan) for s in per_step] for a in agents},
@@ -180,6 +195,14 @@ def aggregate(runs: list[dict]) -> dict:
             "reward_first": over_seeds([_mean(r["series"]["reward"][:tail]) for r in mine]),
             "reward_last": over_seeds([_mean(r["series"]["reward"][-tail:]) for r in mine]),
             "reward_window": tail,
+            "agent_reward": {a: {"first": over_seeds([_mean(r["series"].get("agent_reward", {}).get(a, [])[:tail])
+                                                      for r in mine]),
+                                 "last": over_seeds([_mean(r["series"].get("agent_reward", {}).get(a, [])[-tail:])
+                                                     for r in mine])} for a in first["agents"]},
+            "heldout_info": {key: {tag: over_seeds([r.get("heldout", {}).get(tag, {}).get(key, math.nan) for r in mine])
+                                   for tag in ("before", "after")}
+                             for key in sorted({k for r in mine for rep in r.get("heldout", {}).values() for k in rep
+                                                if k.startswith(("info/", "valid/"))})},
             "accuracy_before": over_seeds([r["accuracy"].get("before", math.nan) for r in mine]),
             "accuracy_after": over_seeds([r["accuracy"].get("after", math.nan) for r in mine]),
             "wall_s": over_seeds([r["wall_s"] for r in mine]),
@@ -217,6 +240,15 @@ def markdown(result: dict) -> str:
     for mode, m in agg.items():
         lines.append(f"| `{mode}` | {_cell(m['reward_first'])} | {_cell(m['reward_last'])} | {_cell(m['accuracy_before'])} "
                      f"| {_cell(m['accuracy_after'])} | {_cell(m['wall_s'], 0)} | {_cell(m.get('cpu_s', {}), 0)} |")
+    lines += ["", "| mode | agent | reward, first steps | reward, last steps |", "|---|---|---|---|"]
+    for mode, m in agg.items():
+        for agent, r in m.get("agent_reward", {}).items():
+            lines.append(f"| `{mode}` | {agent} | {_cell(r['first'])} | {_cell(r['last'])} |")
+    if any(m.get("heldout_info") for m in agg.values()):
+        lines += ["", "| mode | held-out figure | before | after |", "|---|---|---|---|"]
+        for mode, m in agg.items():
+            for key, tags in m.get("heldout_info", {}).items():
+                lines.append(f"| `{mode}` | {key} | {_cell(tags['before'])} | {_cell(tags['after'])} |")
     lines.append(f"\n(first/last steps = mean episode reward over the first/last {next(iter(agg.values()))['reward_window']} "
                  "steps; mean ± sample std over seeds)")
     return "\n".join(lines)
@@ -226,6 +258,15 @@ def write_outputs(result: dict, out: Path, png: Path | None) -> None:
     from stability_plot import plot
 
     write_report(result, out, "stability", markdown(result), plot, png)
+
+
+def saved_runs(out: Path, modes: list[str]) -> list[dict]:
+    """The figures of every run OUT holds for `modes`, mode by mode in `modes`' order, seeds ascending."""
+    runs = []
+    for mode in modes:
+        found = [json.loads(f.read_text()) for f in (out / mode).glob(f"seed*/{RUN_FIGURES}")]
+        runs += sorted(found, key=lambda r: r["seed"])
+    return runs
 
 
 def estimators(spec: str, config: str, overrides: list[str]) -> list[str]:
@@ -246,7 +287,9 @@ def main() -> None:
     parser.add_argument("--setting", choices=sorted(SETTINGS), default="tiny")
     parser.add_argument("--config", help="config file (default: the setting's)")
     parser.add_argument("--quick", action="store_true", help="fewer seeds and steps, same figures")
-    parser.add_argument("--seeds", type=int, help="number of seeds (0..N-1)")
+    parser.add_argument("--seeds", type=int, help="number of seeds (FIRST..FIRST+N-1)")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
+    parser.add_argument("--collect", action="store_true", help="train nothing: the report of the runs already in OUT")
     parser.add_argument("--steps", type=int, help="optimizer steps per run")
     parser.add_argument("--estimators", "--modes", dest="estimators", default=",".join(MODES),
                         help="registered advantage estimators to train, comma-separated, or 'all' (default: %(default)s)")
@@ -263,17 +306,22 @@ def main() -> None:
     n_jobs = args.jobs or setting["jobs"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    modes = estimators(args.estimators, config, args.overrides)
     jobs = [(config, mode, seed, steps, args.overrides, str(out / mode / f"seed{seed}"))
-            for seed in range(seeds) for mode in estimators(args.estimators, config, args.overrides)]
+            for seed in range(args.first_seed, args.first_seed + seeds) for mode in modes] if not args.collect else []
     start = time.monotonic()
     with ProcessPoolExecutor(max_workers=max(1, n_jobs), mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(train_one, *job) for job in jobs]
-        runs = []
         for job, future in zip(jobs, futures):
-            runs.append(future.result())
-            print(f"done {job[1]} seed {job[2]}: {runs[-1]['wall_s']:.0f} s", flush=True)
-    meta = {"setting": args.setting, "config": config, "seeds": list(range(seeds)), "steps": steps,
-            "overrides": args.overrides, "quick": args.quick, "jobs": n_jobs, "wall_s": time.monotonic() - start,
+            run = future.result()
+            (Path(job[5]) / RUN_FIGURES).write_text(json.dumps(run))
+            print(f"done {job[1]} seed {job[2]}: {run['wall_s']:.0f} s", flush=True)
+    runs = saved_runs(out, modes)  # this invocation's and any an earlier one left in OUT
+    if not runs:
+        raise SystemExit(f"no run's figures in {out} (<estimator>/seed<N>/{RUN_FIGURES})")
+    meta = {"setting": args.setting, "config": config, "seeds": sorted({r["seed"] for r in runs}),
+            "steps": max(r["steps"] for r in runs), "overrides": args.overrides, "quick": args.quick, "jobs": n_jobs,
+            "wall_s": sum(r["wall_s"] for r in runs) / n_jobs if args.collect else time.monotonic() - start,
             "cpu_s": sum(r["cpu_s"] for r in runs), "commit": commit(), "cpus": os.cpu_count()}
     write_outputs({"meta": meta, "summary": aggregate(runs), "runs": runs}, out, Path(args.png or out / "stability.png"))
 

@@ -6,7 +6,8 @@ row 2 E[A^2] per agent per step over the calls whose normalisation set has sprea
 lines are what the paper's formula predicts under `global` for the same calls, the grey line is 1),
 row 3 the training reward per step (all modes in one panel, 10-step moving average of the seed mean), the
 held-out accuracy before and after training per mode, and each agent's calls per step (an agent called only
-in some episodes is called less as the others improve).
+in some episodes is called less as the others improve), row 4 each agent's own training reward per step per mode
+(seed mean, the band its 95% interval over seeds; runs that predate per-agent series leave the row empty).
 
 Needs matplotlib (the `bench` extra, not a dependency of drmas itself); without it `plot` says so in one line
 and the benchmark's JSON and table are written all the same.
@@ -42,6 +43,27 @@ def _stack(runs: list[dict], *keys: str) -> np.ndarray:
     return np.vstack([s[:length] for s in series])
 
 
+def _agent_rewards(row, modes: list[str], runs: list[dict], colours: list[str]) -> None:
+    """One panel per agent: its training reward per step under each mode, seed mean with a 95% t-interval band."""
+    from learning_stats import t95
+
+    agents = list(runs[0]["series"].get("agent_reward", {}))
+    for ax, agent in zip(row, agents):
+        for i, mode in enumerate(modes):
+            values = _stack([r for r in runs if r["mode"] == mode], "agent_reward", agent)
+            steps = np.arange(1, values.shape[1] + 1)
+            mean = np.nanmean(values, axis=0)
+            ax.plot(steps, mean, color=colours[i], lw=1.4, label=mode)
+            if values.shape[0] > 1:
+                half = t95(values.shape[0]) * np.nanstd(values, axis=0, ddof=1) / np.sqrt(values.shape[0])
+                ax.fill_between(steps, mean - half, mean + half, color=colours[i], alpha=0.15)
+        ax.set_title(f"{agent}: own training reward per step (seed mean, 95% CI)")
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+    for ax in row[len(agents):]:
+        ax.axis("off")
+
+
 def plot(result: dict, png: str | Path) -> bool:
     """Draw the figure to `png`; False (after one line saying how to get matplotlib) when it is not installed."""
     from drmas.runtime.plotting import pyplot
@@ -51,7 +73,7 @@ def plot(result: dict, png: str | Path) -> bool:
         return False
     modes = list(result["summary"])
     runs = result["runs"]
-    fig, axes = plt.subplots(3, len(modes), figsize=(5 * len(modes), 11), squeeze=False)
+    fig, axes = plt.subplots(4, len(modes), figsize=(5 * len(modes), 14.5), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     grad_top = 0.0
     for col, mode in enumerate(modes):
@@ -111,6 +133,7 @@ def plot(result: dict, png: str | Path) -> bool:
         ax.legend(fontsize=7)
     for ax in axes[2][3:]:
         ax.axis("off")
+    _agent_rewards(axes[3], modes, runs, colours)
     meta = result["meta"]
     fig.suptitle(f"{meta['setting']}: {meta['config']}, seeds {meta['seeds']}, {meta['steps']} steps per run")
     fig.tight_layout()

@@ -78,6 +78,7 @@ class ColocatedRun:
         self.saved_step: int | None = None  # step of the newest checkpoint written or resumed from
         self.history: dict[str, list[float]] = defaultdict(list)
         self.accuracy: dict[str, float] = {}
+        self.heldout: dict[str, dict[str, float]] = {}  # tag -> the whole held-out report (valid/*, info/*)
 
     def _build_models(self) -> None:
         from drmas.models.loading import compute_dtype, load_model, torch_dtype
@@ -198,6 +199,7 @@ class ColocatedRun:
         result = kinds.heldout(self.cfg, self.task, tag).run(self.eval_runner)
         if result:
             self.accuracy[tag] = result["accuracy"]
+            self.heldout[tag] = result
             writer.log(self.step, accuracy_scalars({tag: result["accuracy"]}))
         return result
 
@@ -291,7 +293,8 @@ class ColocatedRun:
             assembly.weight_target(self.engines, model_id).load_weights(trainer.named_tensors(), version=version)
 
     def summary(self) -> dict:
-        out = {"steps": self.step, "accuracy": dict(self.accuracy), "reward_stats": agent_reward_stats(self.stats)}
+        out = {"steps": self.step, "accuracy": dict(self.accuracy), "heldout": dict(self.heldout),
+               "reward_stats": agent_reward_stats(self.stats)}
         if self.stop is not None and self.stop.is_set():
             out["stopped"] = self.stop.signal_name or "request"
         for key, values in self.history.items():

@@ -68,3 +68,11 @@ def test_paired_gain_and_wilson_interval() -> None:
     assert stats.wilson(0, 8)[0] == 0.0
     with pytest.raises(ValueError):
         stats.gain([1, 0], [1])
+
+
+def test_t_quantile_matches_student_t() -> None:
+    t95 = _stats().t95
+    # two-sided 95% quantiles of Student's t with n - 1 degrees of freedom (published tables)
+    for n, exact in ((2, 12.706), (3, 4.303), (11, 2.228), (12, 2.201), (21, 2.086), (31, 2.042), (121, 1.980)):
+        assert t95(n) == pytest.approx(exact, rel=2e-3)
+    assert math.isnan(t95(1))

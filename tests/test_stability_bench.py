@@ -29,6 +29,10 @@ def test_two_global_steps_give_every_figure(tmp_path) -> None:
     run = bench.train_one(str(ROOT / "configs" / "stability.yaml"), "global", 0, 2,
                           ["eval.n_problems=2", "logging.tensorboard=false"], str(tmp_path / "run"))
     assert run["steps"] == 2 and set(run["accuracy"]) == {"before", "after"}
+    # the held-out report carries the system's info means (math_revise: attempts per episode, >= 1) and validity
+    after = run["heldout"]["after"]
+    assert after["accuracy"] == run["accuracy"]["after"] and 1 <= after["info/attempts"] <= 2
+    assert 0 <= after["valid/solver"] <= 1 and 0 <= after["info/revised"] <= 1
     assert set(run["agents"]) == {"solver", "reviser"} and set(run["models"]) == {"solver_model", "reviser_model"}
     for agent, figures in run["agents"].items():
         assert figures["calls_per_step"] > 0
@@ -64,3 +68,39 @@ def test_the_debate_setting_loads_its_plugin_and_the_formula_holds_with_per_agen
     for figures in run["agents"].values():
         assert figures["measured_calls"] and figures["measured"] == pytest.approx(figures["predicted"], rel=1e-3)
     assert all(math.isfinite(g) for g in run["series"]["grad_norm"]["judge_model"])
+
+
+def _drive(orchestra, problem, replies: list[str]):
+    """Run one episode of `orchestra` on scripted replies (one per agent turn, in order); its outcome."""
+    episode = orchestra.run(problem)
+    turn, sent = next(episode), []
+    try:
+        for reply in replies:
+            sent.append(turn.agent)
+            turn = episode.send(reply)
+    except StopIteration as done:
+        return sent, done.value
+    raise AssertionError(f"the episode asked for more than {len(replies)} replies")
+
+
+@pytest.mark.parametrize("answer, verdict, solver, verifier, valid", [
+    ("Ana has 8. \\boxed{8}", "8 is right. <verify>approve</verify>", 1.0, 0.1, True),
+    ("Ana has 8. \\boxed{8}", "8 is wrong. <verify>reject</verify>", 1.0, 0.0, True),
+    ("Ana has 3. \\boxed{3}", "3 is wrong. <verify>reject</verify>", 0.0, 0.1, True),
+    ("Ana has 3. \\boxed{3}", "3 is right. <verify>approve</verify>", 0.0, 0.0, True),
+    # no verdict is never a right one, whatever the answer (it cannot earn the reject's reward by saying nothing)
+    ("Ana has 3. \\boxed{3}", "I am not sure.", 0.0, 0.0, False),
+])
+def test_lookup_credit_rewards_each_agent_for_its_own_work(answer, verdict, solver, verifier, valid) -> None:
+    from drmas.api import ORCHESTRAS, TASKS, Problem
+    from drmas.assembly import load_plugins
+
+    load_plugins(ROOT / "configs" / "stability_lookup.yaml")
+    settings_cls = ORCHESTRAS.settings.get("lookup_credit")
+    orchestra = ORCHESTRAS.get("lookup_credit")(settings_cls(), {"lookup_solver": "s", "lookup_verifier": "v"},
+                                                TASKS.get("lookup")(TASKS.settings.get("lookup")()))
+    problem = Problem("p", "Sam has 3 pens, Ana has 8 pens and Leo has 5 pens. How many pens does Ana have?", "8")
+    sent, outcome = _drive(orchestra, problem, [answer, verdict])
+    assert sent == ["s", "v"] and outcome.reward == solver
+    assert outcome.agent_rewards == {"s": solver, "v": verifier}
+    assert [t.valid for t in outcome.turns] == [True, valid] and outcome.info["verdict_right"] == float(verifier > 0)

@@ -11,18 +11,20 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from drmas.episodes import AgentSpec, EpisodeRunner
+from drmas.evaluation.behaviour import behaviour_stats
 from drmas.evaluation.evaluator import EvalSink, EvalSource, Evaluator
 from drmas.tasks.base import Problem
 
 
 class AccuracySink(EvalSink):
-    """Reports `{"accuracy": mean task reward, "n": problems, "valid/<agent>": share of its valid samples}`
-    ({} without problems) and writes nothing: the colocated loop logs it at once, the async launcher only
+    """Reports `{"accuracy": mean task reward, "n": problems, "valid/<agent>": share of its valid samples,
+    "info/<key>": mean of each numeric `EpisodeOutcome.info` entry over the episodes that have it}` ({} without
+    problems) and writes nothing: the colocated loop logs it at once, the async launcher only
     after it has claimed the run directory (`accuracy_scalars`)."""
 
     def report(self, evaluation: Evaluator) -> dict[str, float]:
-        rewards = np.array([o.reward for name in evaluation.rows for row in evaluation.outcomes(name) for o in row],
-                           dtype=np.float64)
+        outcomes = [o for name in evaluation.rows for row in evaluation.outcomes(name) for o in row]
+        rewards = np.array([o.reward for o in outcomes], dtype=np.float64)
         if not len(rewards):
             return {}
         valid: dict[str, list[bool]] = {}
@@ -30,6 +32,7 @@ class AccuracySink(EvalSink):
             valid.setdefault(agent, []).append(ok)
         out = {"accuracy": float(rewards.mean()), "n": float(len(rewards))}
         out.update({f"valid/{a}": float(np.mean(v)) for a, v in valid.items()})
+        out.update({f"info/{k}": v for k, v in behaviour_stats(outcomes)["info"].items()})
         return out
 
 
