@@ -37,7 +37,7 @@ from drmas.learner.trainers import adapter_trainers
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars
 from drmas.models import checkpoint
 from drmas.models.devices import resolve_device
-from drmas.episodes import EpisodeRequest
+from drmas.episodes import EpisodeRequest, EpisodeTally
 from drmas.runtime.metrics import PROMPTS_FILE, MetricsWriter, StepRecords, agent_line, spike_summary
 from drmas.runtime.process import StopFlag, progress_bars_on
 from drmas.runtime.run_dir import check_output_dir, claim_output_dir
@@ -264,7 +264,10 @@ class ColocatedRun:
         adv = self._advantages(samples)
         scalars = agent_scalars(samples, adv)
         scalars.update(reward_stats_scalars(self.stats))
-        scalars["episode/reward_mean"] = float(np.mean([r.outcome.reward for r in results]))
+        tally = EpisodeTally()
+        for result in results:
+            tally.add(result.outcome)
+        scalars.update(tally.scalars())  # episode/reward_mean, episode/info/<key>
         scalars.update(self.runner.failure_scalars())  # a plugin raised or ran past a bound: see EpisodeRunner
         scalars["rollout/groups_dropped"] = float(len(dropped))
         committed = False  # once a model has taken its optimizer step, the step is finished, not abandoned

@@ -36,6 +36,9 @@ def test_steps_change_weights_and_engine_follows(tmp_path):
     for r in records:
         assert np.isfinite(r["loss/policy"]) and np.isfinite(r["grad_norm/policy"])
         assert {"reward/solver/mean", "advantage/solver/sq_mean", "valid/verifier", "mismatch_kl/policy"} <= set(r)
+        # the math system's episode info, averaged over the step's episodes (booleans as rates)
+        assert r["episode/info/rounds"] >= 1 and 0 <= r["episode/info/approved"] <= 1
+        assert r["episode/count"] == 8 and 0 <= r["episode/reward_mean"] <= 1  # 2 prompts x 4 episodes
     # the format-primed smoke model writes both agents' formats, so rewards vary and gradients flow
     # (weight decay alone would change the weights, so "weights changed" is not enough)
     assert max(r["grad_norm/policy"] for r in records) > 0

@@ -55,6 +55,9 @@ def test_a_plugin_system_trains_in_the_async_pipeline(tmp_path):
     assert f"- {TOY_PLUGIN}" in (out / "config.yaml").read_text()
     rollout = read_metrics(out / "rollout-0" / "metrics.jsonl")
     assert any(r.get("throughput/rollout/episodes_per_s", 0) > 0 for r in rollout)
+    # the plugin's episode info reaches the rollout's metrics, as the mean over the episodes of each report
+    reported = [r for r in rollout if "episode/count" in r]
+    assert reported and all(0 <= r["episode/info/approved"] <= 1 and "episode/reward_mean" in r for r in reported)
 
 
 def _config_with(tmp_path: Path, source: str | None, entry: str = "./broken.py") -> Path:

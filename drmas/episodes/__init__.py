@@ -3,6 +3,7 @@ and isolated from the others' failures. Used alike by the rollout processes, the
 of evaluation; it knows nothing of buffers, learners or runs."""
 
 from drmas.episodes.runner import EpisodeRunner
+from drmas.episodes.tally import EpisodeTally
 from drmas.episodes.types import AgentSpec, EpisodeRequest, EpisodeResult
 
-__all__ = ["AgentSpec", "EpisodeRequest", "EpisodeResult", "EpisodeRunner"]
+__all__ = ["AgentSpec", "EpisodeRequest", "EpisodeResult", "EpisodeRunner", "EpisodeTally"]

@@ -12,10 +12,9 @@ how often the verifier let a wrong answer through.
 
 from __future__ import annotations
 
-import math
-from numbers import Real
 from typing import Iterable, Sequence
 
+from drmas.episodes.tally import is_number
 from drmas.evaluation.passk import SUCCESS_TOLERANCE
 from drmas.mas.base import EpisodeOutcome
 
@@ -44,7 +43,7 @@ def behaviour_stats(outcomes: Sequence[EpisodeOutcome], agents: Iterable[str] = 
             valid[turn.agent] = valid.get(turn.agent, 0) + int(bool(turn.valid))
             chars[turn.agent] = chars.get(turn.agent, 0) + len(turn.text)
         for key, value in outcome.info.items():
-            if _is_number(value):
+            if is_number(value):
                 info_sums[key] = info_sums.get(key, 0.0) + float(value)
                 info_counts[key] = info_counts.get(key, 0) + 1
                 if failed:
@@ -63,7 +62,3 @@ def behaviour_stats(outcomes: Sequence[EpisodeOutcome], agents: Iterable[str] = 
     on_failures = {key: fail_sums[key] / fail_counts[key] for key in fail_sums}
     return {"episodes": n, "agents": per_agent, "info": info, "info_on_failures": on_failures}
 
-
-def _is_number(value: object) -> bool:
-    """A finite int, float or bool (numpy scalars included); strings, lists, None and NaN are not."""
-    return isinstance(value, (Real, bool)) and math.isfinite(float(value))  # type: ignore[arg-type]

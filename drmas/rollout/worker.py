@@ -49,7 +49,7 @@ import torch
 from drmas import assembly
 from drmas.buffer import BufferProducer
 from drmas.config.schema import DrmasConfig
-from drmas.episodes import EpisodeRequest, EpisodeResult
+from drmas.episodes import EpisodeRequest, EpisodeResult, EpisodeTally
 from drmas.evaluation.interval import StreamEvaluations
 from drmas.runtime.endpoints import learner_endpoint
 from drmas.runtime.metrics import MetricsWriter
@@ -87,6 +87,7 @@ class _Meter:
         self.episodes = 0
         self.idle_s = 0.0
         self.apply_s: Counter[str] = Counter()
+        self.outcomes = EpisodeTally()  # episode/reward_mean, episode/info/<key>
 
 
 def groups_in_flight(cfg: DrmasConfig, models: int) -> int:
@@ -275,6 +276,7 @@ class RolloutWorker:
             self._drop(result, group_id, group)
         else:
             self.meter.episodes += 1
+            self.meter.outcomes.add(result.outcome)
         if self._abandoned(group_id, group):
             return
         samples = [s for s in result.samples if s.agent in self.trained_agents]
@@ -356,6 +358,7 @@ class RolloutWorker:
             **self.runner.failure_scalars(),  # rollout/episodes_failed, rollout/episodes_over_bound/<reason>, ...
             "rollout/samples_made": float(self.samples_made),
             **(self.orchestra.metrics() if hasattr(self.orchestra, "metrics") else {}),
+            **meter.outcomes.scalars(),
         }
         if self.evaluations is not None:
             scalars["rollout/eval_samples"] = float(self.evaluations.samples)
