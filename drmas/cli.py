@@ -88,7 +88,7 @@ def _run(cfg) -> int:
         print("drmas: interrupted before training started", file=sys.stderr)
         return 130
     try:
-        summary = run.run()  # a signal stops it cleanly (saved, exit 0); a second one lands here
+        summary = run.run()  # a signal stops it cleanly (saved, exit 130); a second one lands here
     except KeyboardInterrupt:
         print(f"drmas: stopped at once by a second signal, at step {run.step}; the last complete checkpoint is "
               f"{'none' if run.saved_step is None else f'step {run.saved_step}'}", file=sys.stderr)
@@ -98,7 +98,8 @@ def _run(cfg) -> int:
               f"{'none' if run.saved_step is None else f'step {run.saved_step}'}", file=sys.stderr)
         return 1
     print_summary(summary, cfg)
-    return 0
+    # a stopped run did not reach trainer.steps: like the async launcher, say so to a scheduler or a `&&` chain
+    return 130 if "stopped" in summary else 0
 
 
 if __name__ == "__main__":

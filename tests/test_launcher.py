@@ -227,3 +227,35 @@ def test_smoke_async_trains_two_models_one_of_them_on_two_learner_ranks(tmp_path
     assert '"Qwen2ForCausalLM"' in (ckpt / "solver_model" / "config.json").read_text()
     model, _ = load_model(ckpt / "solver_model")
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+@pytest.mark.e2e
+def test_ctrl_c_of_an_async_run_names_the_checkpoints_and_a_resume_keeps_the_score_before_training(tmp_path,
+                                                                                                  smoke_model):
+    """Issue 39 (9, 10): Ctrl-C printed no resume hint, and the resumed run lost its before-training score (it was
+    logged only with the after one, at the end, which the stopped run never reached)."""
+    out = tmp_path / "run"
+    run = _Background(tmp_path, _drmas_run(out, "trainer.steps=1000", "eval.n_problems=2"))
+    try:
+        run.wait_for(lambda: _logged_steps(out / "learner-policy" / "metrics.jsonl") > 0, "training under way", 180)
+        os.kill(run.proc.pid, signal.SIGINT)
+        assert run.proc.wait(120) == 130, run.output()[-3000:]
+    finally:
+        run.cleanup()
+    output = run.output()
+    hint = re.search(r"\[launcher\] stopped by SIGINT: learner-policy at step_(\d+); continue with "
+                     r"trainer\.resume=true", output)
+    assert hint, output[-3000:]
+    saved = int(hint.group(1))
+    assert (out / "learner-policy" / "checkpoints" / f"step_{saved}" / "COMPLETE").is_file()
+    before = read_metrics(out / "eval" / "metrics.jsonl")
+    assert [r["step"] for r in before] == [0] and "eval/accuracy_after" not in before[0]
+
+    done = run_cli(_drmas_run(out, f"trainer.steps={saved + 1}", "eval.n_problems=2", "trainer.resume=true"),
+                   timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "held-out evaluation (before training" not in done.stdout  # not evaluated again: read back
+    assert f"held-out accuracy: {before[0]['eval/accuracy_before']:.3f} -> " in done.stdout
+    records = read_metrics(out / "eval" / "metrics.jsonl")
+    assert [(r["step"], sorted(r)) for r in records] == [
+        (0, ["eval/accuracy_before", "step", "time"]), (saved + 1, ["eval/accuracy_after", "step", "time"])]

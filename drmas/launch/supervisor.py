@@ -19,7 +19,8 @@ endpoints are found; the rest is one policy, kept here so both behave alike:
   `trainer.resume=true`, so it continues from its last checkpoint); the run ends when every learner has
   finished (0), when a process cannot be recovered (1: it refused its input, or used up its restarts; the
   launcher says which), or on SIGINT/SIGTERM (130): rollouts are stopped first (nothing new is generated),
-  then learners (they write their checkpoint), the buffer last. A process that ignores the stop for
+  then learners (they write their checkpoint), the buffer last, and the launcher names each learner's newest
+  checkpoint and how to continue (`drmas.launch.run_report`). A process that ignores the stop for
   `STOP_GRACE_S` is killed.
 
 A backend supplies `Child` (start, poll, stop one process) and `_place` (fix the endpoints, write nothing
@@ -132,6 +133,8 @@ class Supervisor(ABC):
     def run(self) -> int:
         """0 when every learner finished its steps; 1 when a process could not be recovered; 2 when the run
         could not start (output directory, data, models, machine, placement); 130 when interrupted."""
+        from drmas.launch.run_report import log_accuracy, logged_accuracy, resume_hint
+
         stop = StopFlag()
         try:
             accuracy = {}
@@ -144,6 +147,10 @@ class Supervisor(ABC):
                     self._say("launcher", f"{stop.signal_name} received before any process started: stopping")
                     return 130
                 run_dir = self._claim()
+                if "before" in accuracy:  # at step 0, as the colocated loop logs it; a resumed run reads it back
+                    log_accuracy(self.cfg, run_dir, 0, {"before": accuracy["before"]})
+                else:
+                    accuracy["before"] = logged_accuracy(run_dir, "before")
             except (FileNotFoundError, ValueError, ImportError) as exc:
                 print(f"drmas: {exc}", file=sys.stderr)
                 return 2
@@ -165,8 +172,12 @@ class Supervisor(ABC):
                 from drmas.evaluation.async_heldout import final_checkpoint_dirs
 
                 accuracy["after"] = self._heldout("after", final_checkpoint_dirs(self.cfg))
-                self._report_accuracy(run_dir, accuracy)
+                log_accuracy(self.cfg, run_dir, self.cfg.trainer.steps, {"after": accuracy["after"]})
+                if None not in (accuracy.get("before"), accuracy["after"]):
+                    self._say("launcher", f"held-out accuracy: {accuracy['before']:.3f} -> {accuracy['after']:.3f}")
                 self._final_interval_eval()
+            elif code == 130:
+                self._say("launcher", resume_hint(self.cfg, stop.signal_name))
             self._say("launcher", self._outcome(code, run_dir))
             return code
         finally:
@@ -220,21 +231,6 @@ class Supervisor(ABC):
         from drmas.evaluation.async_heldout import final_interval_eval
 
         final_interval_eval(self.cfg, self.task, lambda line: self._say("launcher", line))  # it says its summary
-
-    def _report_accuracy(self, run_dir: Path, accuracy: dict) -> None:
-        """`eval/accuracy_before` and `eval/accuracy_after` under `<output_dir>/eval/`, as the colocated run logs them."""
-        from drmas.evaluation.heldout import accuracy_scalars
-        from drmas.runtime.metrics import MetricsWriter
-
-        scalars = accuracy_scalars(accuracy)
-        if not scalars:
-            return
-
-        writer = MetricsWriter(run_dir / "eval", tensorboard=self.cfg.logging.tensorboard)
-        writer.log(self.cfg.trainer.steps, scalars)
-        writer.close()
-        if "before" in accuracy and "after" in accuracy and None not in (accuracy["before"], accuracy["after"]):
-            self._say("launcher", f"held-out accuracy: {accuracy['before']:.3f} -> {accuracy['after']:.3f}")
 
     def _watch(self, stop: StopFlag) -> int:
         """Supervise the children until every learner has finished (0), one cannot be recovered (1) or a

@@ -15,6 +15,9 @@ from typing import Mapping, Optional, TextIO
 import numpy as np
 
 
+METRICS_FILE = "metrics.jsonl"  # a process's per-step records, in its output directory
+
+
 class MetricsWriter:
     """Fan-out of per-step metrics to metrics.jsonl and (optionally) TensorBoard.
 
@@ -26,7 +29,7 @@ class MetricsWriter:
     def __init__(self, output_dir: str | Path, tensorboard: bool = True, resumed_at: int | None = None) -> None:
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        path = self.output_dir / "metrics.jsonl"
+        path = self.output_dir / METRICS_FILE
         if resumed_at is not None and path.exists():
             _keep_records_up_to(path, resumed_at)
         self._jsonl = open(path, "a", buffering=1)
