@@ -103,11 +103,13 @@ def check_components(cfg: DrmasConfig) -> list[str]:
             found.append(f"rollout.engine: {cfg.rollout.engine!r} serves no LoRA adapters, and models."
                          f"{with_adapters[0]}.adapters needs an engine that does (embedded, vllm)")
     labels = cfg.system.name in ORCHESTRAS and getattr(ORCHESTRAS.get(cfg.system.name), "role_labels", False)
+    own = system_roles(cfg)
     for name, agent in cfg.agents.items():
-        if not labels and (problem := AGENT_ROLES.problem(agent.role, f"agents.{name}.role")):
-            found.append(problem + _PLUGIN_HINT)
+        if not labels and agent.role not in own and (problem := AGENT_ROLES.problem(agent.role, f"agents.{name}.role")):
+            mine = f"; the {cfg.system.name!r} system's own roles: {', '.join(sorted(own))}" if own else ""
+            found.append(problem + mine + _PLUGIN_HINT)
             continue
-        found.extend(_agent_problems(name, agent))
+        found.extend(_agent_problems(name, agent, cfg))
     return found
 
 
@@ -116,14 +118,26 @@ _PLUGIN_HINT = " (a plugin's names are known once its module is listed under `pl
 _SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens")
 
 
-def role_of(agent: AgentConfig) -> type[RoleAgent] | None:
-    """The registered role class an agent plays (None: a label, which only a system with `role_labels` takes)."""
+def system_roles(cfg: DrmasConfig) -> Mapping[str, type[RoleAgent]]:
+    """The configured system's own roles (its factory's `system_roles`: role name -> class): names its agents may
+    play besides the registered ones, which they shadow, so a plugin's `solver` need not be prefixed to stay
+    clear of the built-in one or of another plugin's."""
+    factory = ORCHESTRAS.get(cfg.system.name) if cfg.system.name in ORCHESTRAS else None
+    return getattr(factory, "system_roles", None) or {}
+
+
+def role_of(agent: AgentConfig, cfg: DrmasConfig) -> type[RoleAgent] | None:
+    """The role class an agent plays: the system's own of that name, else the registered one (None: a label,
+    which only a system with `role_labels` takes)."""
+    own = system_roles(cfg)
+    if agent.role in own:
+        return own[agent.role]
     return AGENT_ROLES.get(agent.role) if agent.role in AGENT_ROLES else None
 
 
-def _agent_problems(name: str, agent: AgentConfig) -> list[str]:
+def _agent_problems(name: str, agent: AgentConfig, cfg: DrmasConfig) -> list[str]:
     """A scripted role's agent has no model and no sampling; any other agent needs a model."""
-    role, where = role_of(agent), f"agents.{name}"
+    role, where = role_of(agent, cfg), f"agents.{name}"
     if role is None or not role.scripted:
         return [] if agent.model else [f"{where}.model: required (a key of 'models'); only an agent whose role is "
                                        f"scripted takes none, and role {agent.role!r} is not"]
@@ -222,9 +236,9 @@ def agent_specs(cfg: DrmasConfig, temperature: float | None = None) -> dict[str,
     own (`agents.<name>.stop`). An agent of a scripted role gets its role's `respond` instead."""
     specs = {}
     for name, a in cfg.agents.items():
-        role = role_of(a)
+        role = role_of(a, cfg)
         if role is not None and role.scripted:
-            specs[name] = AgentSpec(model="", sampling=None, script=role().respond)  # type: ignore[attr-defined]
+            specs[name] = AgentSpec(model="", sampling=None, script=role(cfg.system).respond)  # type: ignore[attr-defined]
             continue
         temp = a.temperature if a.temperature is not None else cfg.rollout.temperature
         if temperature is not None:

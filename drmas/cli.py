@@ -26,9 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     show = cfg_sub.add_parser("show", help="print the resolved config")
     _add_config_args(show)
-    keys = cfg_sub.add_parser("keys", help="list every config key with its default and help text (the settings of "
-                              "every registered system and task; with --config, its plugins' too)")
+    keys = cfg_sub.add_parser("keys", help="list every config key with its default and help text: with --config or "
+                              "overrides, the settings of the system and task they choose (plugins' included); "
+                              "without, or with --all, those of every registered system and task")
     _add_config_args(keys)
+    keys.add_argument("--all", action="store_true", help="the settings of every registered system and task")
     from drmas.evaluation.command import add_parser as add_eval_parser
     from drmas.launch.elastic import add_parser as add_rollouts_parser
     from drmas.retrieval.cli import add_parser as add_retriever_parser
@@ -52,12 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     try:
         if args.command == "config" and args.config_command == "keys":
-            from drmas.assembly import load_plugins
-
-            load_plugins(args.config, args.overrides)  # their systems' and tasks' settings are listed too
-            for key, default, text in iter_help():
-                print(f"{key} = {default}\n    {text}")
-            return 0
+            return _print_keys(args)
         from drmas.assembly import load_config
 
         cfg = load_config(args.config, args.overrides)
@@ -68,6 +65,21 @@ def main(argv: list[str] | None = None) -> int:
         print(to_yaml(cfg), end="")
         return 0
     return _run(cfg)
+
+
+def _print_keys(args: argparse.Namespace) -> int:
+    from drmas.assembly import load_plugins
+    from drmas.config.load import chosen_names, read_layers
+
+    load_plugins(args.config, args.overrides)  # their systems' and tasks' settings are listed too
+    chosen = args.config or args.overrides
+    only = chosen_names(read_layers(args.config, args.overrides)) if chosen and not args.all else None
+    for key, default, text in iter_help(only=only):
+        print(f"{key} = {default}\n    {text}")
+    if only is not None:
+        print(f"\n(system.* and task.* of system {only['system']!r} and task {only['task']!r}, as chosen; every "
+              "registered one's: drmas config keys --all)")
+    return 0
 
 
 def _run(cfg) -> int:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from cli_run import run_cli
-from scripted_episode import drive
 from test_launcher import ASYNC
 
+from drmas.api.testing import ScriptedSystem
 from drmas import assembly
 from drmas.cli import main
 from drmas.config import ConfigError
@@ -116,12 +116,6 @@ def test_debate_trains_in_the_async_pipeline_too(tmp_path):
 # --------------------------------------------------------------------- rewards per agent, on scripted replies
 
 
-def _orchestra(config: Path, overrides: list[str] = ()):
-    cfg = assembly.load_config(config, list(overrides))
-    task = assembly.build_task(cfg)
-    return assembly.build_orchestra(cfg, task), task
-
-
 GOOD = "Here it is:\n```python\ndef add(a: int, b: int) -> int:\n    return a + b\n```"
 WRONG = "```python\ndef add(a, b):\n    return a * b\n```"
 
@@ -147,9 +141,13 @@ WRONG = "```python\ndef add(a, b):\n    return a * b\n```"
 ])
 def test_code_review_rewards_coder_by_hidden_tests_and_tester_by_catching_the_wrong_solution(
         replies, rewards, valid, info):
-    orchestra, task = _orchestra(CODE_REVIEW)
-    problem = next(p for p in task.split("train") if p.uid == "code-add")
-    outcome = drive(orchestra, replies, problem).outcome
+    with ScriptedSystem(CODE_REVIEW) as system:  # drmas.api.testing: the example's own config, no model
+        problem = next(p for p in system.problems() if p.uid == "code-add")
+        played = system.play(replies, problem)
+    outcome = played.outcome
+    # what each turn trains on: its agent's reward, minus the config's format penalty where invalid
+    penalty = system.cfg.algorithm.invalid_penalty
+    assert played.rewards == pytest.approx([rewards[t.agent] - (0 if t.valid else penalty) for t in outcome.turns])
     assert outcome.agent_rewards == pytest.approx(rewards)
     assert [turn.valid for turn in outcome.turns] == valid
     assert outcome.reward == float(rewards["coder"] == 1.0)
@@ -157,9 +155,9 @@ def test_code_review_rewards_coder_by_hidden_tests_and_tester_by_catching_the_wr
 
 
 def test_code_review_sends_a_coder_failing_the_testers_asserts_back_with_the_failures():
-    orchestra, task = _orchestra(CODE_REVIEW, ["system.revisions=1"])
-    problem = next(p for p in task.split("train") if p.uid == "code-add")
-    transcript = drive(orchestra, [WRONG, "```python\nassert add(1, 2) == 3\n```", GOOD], problem)
+    with ScriptedSystem(CODE_REVIEW, ["system.revisions=1"]) as system:
+        problem = next(p for p in system.problems() if p.uid == "code-add")
+        transcript = system.play([WRONG, "```python\nassert add(1, 2) == 3\n```", GOOD], problem)
     revision = transcript.asked[-1]
     assert revision.agent == "coder"
     assert "assert add(1, 2) == 3  # AssertionError" in revision.messages[-1]["content"]
@@ -174,10 +172,10 @@ def test_code_review_sends_a_coder_failing_the_testers_asserts_back_with_the_fai
     (r"\boxed{3}", {"solver_1": 1.0, "solver_2": 0.0, "judge": 0.0}, False),  # no verdict: picks nothing
 ])
 def test_debate_rewards_solvers_by_their_answers_and_the_judge_by_its_pick(judge, rewards, judge_valid):
-    orchestra, task = _orchestra(DEBATE)
-    problem = next(p for p in task.split("train") if p.answer == "3")
-    replies = [r"\boxed{3}", r"\boxed{5}", r"1 + 2 = 3, \boxed{3}", r"I agree with 4: \boxed{4}", judge]
-    transcript = drive(orchestra, replies, problem)
+    with ScriptedSystem(DEBATE) as system:
+        problem = next(p for p in system.problems() if p.answer == "3")
+        replies = [r"\boxed{3}", r"\boxed{5}", r"1 + 2 = 3, \boxed{3}", r"I agree with 4: \boxed{4}", judge]
+        transcript = system.play(replies, problem)
     assert [turn.agent for turn in transcript.asked] == ["solver_1", "solver_2", "solver_1", "solver_2", "judge"]
     # round 2: each solver reads its own and the other's round-1 reply, not the other's round-2 reply
     assert r"Another solver's answer:" in transcript.asked[3].messages[-1]["content"]

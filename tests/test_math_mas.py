@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from scripted_episode import Transcript, agents_asked  # noqa: F401
-from scripted_episode import drive as _drive
 
+from drmas.api.testing import Transcript
+from drmas.api.testing import play_orchestra as _drive
 from drmas.config.systems import MathSettings
 from drmas.mas import ORCHESTRAS, AgentTurn
 from drmas.mas.agents import AGENT_ROLES, SolverAgent, TeamContext, VerifierAgent
@@ -63,7 +63,7 @@ def user_text(turn: AgentTurn) -> str:
 
 def test_approve_in_round_one_ends_after_two_calls() -> None:
     t = drive(make(max_rounds=3), [RIGHT, APPROVE])
-    assert agents_asked(t) == ["alice", "bob"]
+    assert t.agents_asked() == ["alice", "bob"]
     assert t.outcome.info["rounds"] == 1
     assert t.outcome.info["approved"] is True
     assert t.outcome.info["verifier_calls"] == 1
@@ -73,21 +73,21 @@ def test_approve_in_round_one_ends_after_two_calls() -> None:
 
 def test_reject_then_last_round_has_no_verifier() -> None:
     t = drive(make(max_rounds=2), [WRONG, REJECT, RIGHT])
-    assert agents_asked(t) == ["alice", "bob", "alice"]
+    assert t.agents_asked() == ["alice", "bob", "alice"]
     assert t.outcome.info == {"rounds": 2, "approved": False, "verifier_calls": 1, "malformed_verdicts": 0}
     assert t.outcome.reward == 1.0
 
 
 def test_three_rounds_with_two_rejects() -> None:
     t = drive(make(max_rounds=3), [WRONG, REJECT, WRONG, REJECT, RIGHT])
-    assert agents_asked(t) == ["alice", "bob", "alice", "bob", "alice"]
+    assert t.agents_asked() == ["alice", "bob", "alice", "bob", "alice"]
     assert t.outcome.info["rounds"] == 3
     assert t.outcome.info["verifier_calls"] == 2
 
 
 def test_single_round_is_solver_only() -> None:
     t = drive(make(max_rounds=1), [RIGHT])
-    assert agents_asked(t) == ["alice"]
+    assert t.agents_asked() == ["alice"]
     assert t.outcome.info["verifier_calls"] == 0
 
 
@@ -96,7 +96,7 @@ def test_single_round_is_solver_only() -> None:
 
 def test_malformed_verdict_counts_as_approve_by_default() -> None:
     t = drive(make(max_rounds=2), [WRONG, MALFORMED])
-    assert agents_asked(t) == ["alice", "bob"]
+    assert t.agents_asked() == ["alice", "bob"]
     assert t.outcome.info["approved"] is True
     assert t.outcome.info["malformed_verdicts"] == 1
     assert [turn.valid for turn in t.outcome.turns] == [True, False]
@@ -104,7 +104,7 @@ def test_malformed_verdict_counts_as_approve_by_default() -> None:
 
 def test_malformed_verdict_can_count_as_reject() -> None:
     t = drive(make(max_rounds=2, malformed_verdict="reject"), [WRONG, MALFORMED, RIGHT])
-    assert agents_asked(t) == ["alice", "bob", "alice"]
+    assert t.agents_asked() == ["alice", "bob", "alice"]
     assert t.outcome.info["approved"] is False
     assert t.outcome.info["malformed_verdicts"] == 1
     assert [turn.valid for turn in t.outcome.turns] == [True, False, True]
@@ -228,7 +228,7 @@ class TerseVerifier(VerifierAgent):
 def test_a_registered_role_agent_gives_the_verifier_its_prompts_and_parsing() -> None:
     cfg = MathSettings(max_rounds=2, verifier_prompts="test_terse_verifier")
     transcript = drive(MathOrchestra(cfg, ROLES, SubstringTask()), [WRONG, "no", RIGHT])
-    assert agents_asked(transcript) == ["alice", "bob", "alice"]  # "no" rejected: a second round
+    assert transcript.agents_asked() == ["alice", "bob", "alice"]  # "no" rejected: a second round
     assert transcript.asked[1].messages[0]["content"] == "Reply yes or no."
     assert transcript.asked[0].messages[0]["content"] == SolverAgent().system_prompt()  # the solver's are built-in
     assert transcript.outcome.reward == 1.0

@@ -18,6 +18,8 @@ from cli_run import run_cli
 from test_launcher import ASYNC
 
 from drmas.assembly import agent_specs, load_config
+from drmas.api import AGENT_ROLES
+from drmas.api.testing import ScriptedSystem
 from drmas.cli import main
 from drmas.config import ConfigError, read_config
 from drmas.runtime.metrics import read_metrics
@@ -197,6 +199,15 @@ def test_a_plugins_settings_roles_and_scripted_agents_are_checked_like_the_built
     assert specs["checker"].sampling.stop == ("</verify>", "\n\n")  # the role's stop strings, then the agent's
     assert specs["referee"].script is not None and specs["referee"].model == ""
     assert load_config(TOY) == cfg  # loading again imports the plugin once (no "already registered")
+    # its roles are the system's own: no global registration, and each is built with the system's settings
+    assert not {"proposer", "checker", "referee"} & set(AGENT_ROLES.names())
+    with ScriptedSystem(TOY, ["system.checker_reward=0.5"]) as system:
+        assert all(role.settings is cfg_settings for cfg_settings in [system.cfg.system]
+                   for role in system.orchestra.roles.values())
+        problem = system.problems()[0]
+        played = system.play([f"\\boxed{{{problem.answer}}}", "<verify>approve</verify>"], problem)
+    # the scripted referee answered by its role (no reply of the script); the checker paid system.checker_reward
+    assert played.agents_asked() == ["proposer", "referee", "checker"] and played.rewards == [1.0, 1.0, 0.5]
     for overrides, message in [
         (["system.atempts=3"], "unknown config key 'system.atempts' (did you mean 'system.attempts'?); valid keys of "
                                "system 'toy' here: attempts, checker_reward, name"),
@@ -209,12 +220,20 @@ def test_a_plugins_settings_roles_and_scripted_agents_are_checked_like_the_built
         (["agents.proposer.model="], "agents.proposer.model: required (a key of 'models'); only an agent whose role "
                                      "is scripted takes none"),
         (["agents.checker.stop=['']"], "agents.checker.stop: stop strings must be non-empty"),
+        # the system's own roles (its system_roles, not registered) are named where a role is unknown
+        (["agents.checker.role=chekcer"], "agents.checker.role: 'chekcer' is not a registered agent role"),
+        (["agents.checker.role=chekcer"], "the 'toy' system's own roles: checker, proposer, referee"),
     ]:
         with pytest.raises(ConfigError) as err:
             load_config(TOY, overrides)
         assert message in str(err.value), (overrides, str(err.value))
     assert main(["config", "keys", "--config", str(TOY)]) == 0
-    assert "system.attempts = 2\n    [toy] Proposals at most per episode" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert "system.attempts = 2\n    [toy] Proposals at most per episode" in listed
+    # the chosen system's and task's settings only (not the search system's, say), and how to see them all
+    assert "system.max_turns" not in listed and "task.n_train = 64\n    [sums]" in listed and "--all" in listed
+    assert main(["config", "keys", "--config", str(TOY), "--all"]) == 0
+    assert "[search]" in capsys.readouterr().out
 
 
 def _drmas_imports(path: Path) -> list[str]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from scripted_episode import agents_asked, drive
 
+from drmas.api.testing import play_orchestra as drive
 from drmas.assembly import build_orchestra
 from drmas.config.systems import ReviseSettings
 from drmas.config.tasks import ArithmeticSettings
@@ -29,7 +29,7 @@ def make(max_rounds: int = 2) -> ReviseOrchestra:
 
 def test_a_right_first_answer_never_calls_the_reviser() -> None:
     t = drive(make(), [RIGHT], PROBLEM)
-    assert agents_asked(t) == ["sol"]
+    assert t.agents_asked() == ["sol"]
     assert t.outcome.reward == 1.0
     assert t.outcome.info == {"attempts": 1, "revised": False, "first_correct": True}
     assert t.outcome.final_answer == PROBLEM.answer
@@ -37,7 +37,7 @@ def test_a_right_first_answer_never_calls_the_reviser() -> None:
 
 def test_a_wrong_answer_goes_to_the_reviser_with_the_checkers_verdict_but_not_the_answer() -> None:
     t = drive(make(), [WRONG, RIGHT], PROBLEM)
-    assert agents_asked(t) == ["sol", "rev"]
+    assert t.agents_asked() == ["sol", "rev"]
     request = t.asked[1].messages[-1]["content"]
     assert WRONG in request and checker_feedback(WRONG) in request
     assert f"{int(PROBLEM.answer) + 1} is wrong" in request
@@ -48,7 +48,7 @@ def test_a_wrong_answer_goes_to_the_reviser_with_the_checkers_verdict_but_not_th
 
 def test_the_reward_is_the_last_answers_grade_and_attempts_are_bounded() -> None:
     t = drive(make(max_rounds=3), [WRONG, "no box here", WRONG], PROBLEM)
-    assert agents_asked(t) == ["sol", "rev", "rev"]
+    assert t.agents_asked() == ["sol", "rev", "rev"]
     assert t.outcome.reward == 0.0 and t.outcome.info["attempts"] == 3
     assert [turn.valid for turn in t.outcome.turns] == [True, False, True]
     # the second reviser call sees the reviser's own previous answer; an unboxed one is quoted whole
@@ -57,7 +57,7 @@ def test_the_reward_is_the_last_answers_grade_and_attempts_are_bounded() -> None
 
 def test_one_attempt_means_solver_only() -> None:
     t = drive(make(max_rounds=1), [WRONG], PROBLEM)
-    assert agents_asked(t) == ["sol"] and t.outcome.reward == 0.0
+    assert t.agents_asked() == ["sol"] and t.outcome.reward == 0.0
 
 
 def test_registered_and_built_from_a_config_naming_missing_roles() -> None:

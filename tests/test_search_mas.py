@@ -14,9 +14,9 @@ import math
 from pathlib import Path
 
 import pytest
-from scripted_episode import Transcript, agents_asked  # noqa: F401
-from scripted_episode import drive as _drive
 
+from drmas.api.testing import Transcript
+from drmas.api.testing import play_orchestra as _drive
 from drmas.config.systems import SearchSettings
 from drmas.mas import ORCHESTRAS, AgentTurn
 from drmas.mas.agents import AGENT_ROLES
@@ -84,7 +84,7 @@ def request(turn: AgentTurn) -> str:
 
 def test_router_no_searches_and_the_passages_reach_the_next_prompts(retriever) -> None:
     t = drive(make(retriever), [NO, SEARCH_ORLA, YES, ANSWER])
-    assert agents_asked(t) == ["rita", "sam", "rita", "ana"]
+    assert t.agents_asked() == ["rita", "sam", "rita", "ana"]
     assert NO_RESULTS in request(t.asked[0]) and NO_RESULTS in request(t.asked[1])
     for later in (t.asked[2], t.asked[3]):  # router turn 2 and the answerer both see the retrieval
         text = request(later)
@@ -97,7 +97,7 @@ def test_router_no_searches_and_the_passages_reach_the_next_prompts(retriever) -
 
 def test_router_yes_on_turn_one_goes_straight_to_the_answerer(retriever) -> None:
     t = drive(make(retriever), [YES, ANSWER])
-    assert agents_asked(t) == ["rita", "ana"]
+    assert t.agents_asked() == ["rita", "ana"]
     assert t.outcome.info == {
         "turns": 1,
         "searches": 0,
@@ -113,7 +113,7 @@ def test_router_yes_on_turn_one_goes_straight_to_the_answerer(retriever) -> None
 
 def test_two_hops_retrieve_both_support_passages(retriever) -> None:
     t = drive(make(retriever), [NO, SEARCH_ORLA, NO, SEARCH_BRACKWATER, YES, ANSWER])
-    assert agents_asked(t) == ["rita", "sam", "rita", "sam", "rita", "ana"]
+    assert t.agents_asked() == ["rita", "sam", "rita", "sam", "rita", "ana"]
     ids = t.outcome.info["retrieved_ids"]
     assert ids[0] == "w0" and ids[3] == "w1"  # each query's top-1 is its hop's support passage
     answer_prompt = request(t.asked[-1])
@@ -123,7 +123,7 @@ def test_two_hops_retrieve_both_support_passages(retriever) -> None:
 
 def test_the_router_routes_the_last_turn_and_yes_there_answers(retriever) -> None:
     t = drive(make(retriever, max_turns=2), [NO, SEARCH_ORLA, YES, ANSWER])
-    assert agents_asked(t) == ["rita", "sam", "rita", "ana"]  # no searcher on the last turn, the router as always
+    assert t.agents_asked() == ["rita", "sam", "rita", "ana"]  # no searcher on the last turn, the router as always
     info = t.outcome.info
     assert (info["turns"], info["router_calls"], info["routed_to_answer"]) == (2, 2, True)
     assert t.outcome.reward == 1.0 and "Search: Orla Fenwick born" in request(t.asked[-1])
@@ -132,7 +132,7 @@ def test_the_router_routes_the_last_turn_and_yes_there_answers(retriever) -> Non
 def test_no_on_the_last_turn_ends_the_episode_without_an_answer(retriever) -> None:
     """As in the reference: a router that never says yes gets no answer, so the episode's reward is 0."""
     t = drive(make(retriever, max_turns=4), [NO, SEARCH_ORLA] * 3 + [NO])
-    assert agents_asked(t) == ["rita", "sam"] * 3 + ["rita"]
+    assert t.agents_asked() == ["rita", "sam"] * 3 + ["rita"]
     info = t.outcome.info
     assert (info["turns"], info["router_calls"], info["searches"]) == (4, 4, 3)
     assert (info["routed_to_answer"], info["answered"], t.outcome.final_answer) == (False, False, "")
@@ -141,25 +141,25 @@ def test_no_on_the_last_turn_ends_the_episode_without_an_answer(retriever) -> No
 
 def test_a_single_turn_is_router_then_answerer_or_nothing(retriever) -> None:
     t = drive(make(retriever, max_turns=1), [YES, ANSWER])
-    assert agents_asked(t) == ["rita", "ana"] and t.outcome.reward == 1.0
+    assert t.agents_asked() == ["rita", "ana"] and t.outcome.reward == 1.0
     t = drive(make(retriever, max_turns=1), [NO])
-    assert agents_asked(t) == ["rita"] and t.outcome.reward == 0.0 and t.outcome.info["answered"] is False
+    assert t.agents_asked() == ["rita"] and t.outcome.reward == 0.0 and t.outcome.info["answered"] is False
 
 
 def test_route_last_turn_off_skips_router_and_searcher_on_the_last_turn(retriever) -> None:
     t = drive(make(retriever, max_turns=2, route_last_turn=False), [NO, SEARCH_ORLA, ANSWER])
-    assert agents_asked(t) == ["rita", "sam", "ana"]
+    assert t.agents_asked() == ["rita", "sam", "ana"]
     assert t.outcome.info["turns"] == 2
     assert t.outcome.info["router_calls"] == 1
     assert t.outcome.info["routed_to_answer"] is False
     assert "Search: Orla Fenwick born" in request(t.asked[-1])
     t = drive(make(retriever, max_turns=4, route_last_turn=False), [NO, SEARCH_ORLA] * 3 + [ANSWER])
-    assert agents_asked(t) == ["rita", "sam"] * 3 + ["ana"] and t.outcome.reward == 1.0
+    assert t.agents_asked() == ["rita", "sam"] * 3 + ["ana"] and t.outcome.reward == 1.0
 
 
 def test_route_last_turn_off_makes_a_single_turn_answerer_only(retriever) -> None:
     t = drive(make(retriever, max_turns=1, route_last_turn=False), [ANSWER])
-    assert agents_asked(t) == ["ana"]
+    assert t.agents_asked() == ["ana"]
     assert t.outcome.info["router_calls"] == 0 and t.outcome.info["turns"] == 1
     assert NO_RESULTS in request(t.asked[0])
 
@@ -181,7 +181,7 @@ def test_malformed_router_reply_counts_as_yes_by_default(retriever, malformed: s
     """The reference's choice: no verdict tag -> answer now (still an invalid turn)."""
     for max_turns in (3, 1):  # also on the last turn, where "no" would end the episode unanswered
         t = drive(make(retriever, max_turns=max_turns), [malformed, ANSWER])
-        assert agents_asked(t) == ["rita", "ana"]
+        assert t.agents_asked() == ["rita", "ana"]
         assert t.outcome.info["malformed_verdicts"] == 1 and t.outcome.info["routed_to_answer"] is True
         assert [turn.valid for turn in t.outcome.turns] == [False, True] and t.outcome.reward == 1.0
 
@@ -189,7 +189,7 @@ def test_malformed_router_reply_counts_as_yes_by_default(retriever, malformed: s
 @pytest.mark.parametrize("malformed", MALFORMED_ROUTES)
 def test_malformed_router_reply_can_count_as_no(retriever, malformed: str) -> None:
     t = drive(make(retriever, max_turns=3, malformed_route="search"), [malformed, SEARCH_ORLA, YES, ANSWER])
-    assert agents_asked(t) == ["rita", "sam", "rita", "ana"]
+    assert t.agents_asked() == ["rita", "sam", "rita", "ana"]
     assert t.outcome.info["malformed_verdicts"] == 1
     assert [turn.valid for turn in t.outcome.turns] == [False, True, True, True]
 
@@ -197,7 +197,7 @@ def test_malformed_router_reply_can_count_as_no(retriever, malformed: str) -> No
 @pytest.mark.parametrize("failed", ["Orla Fenwick born", "<search>   </search>", "<search>Orla Fenwick"])
 def test_invalid_search_retrieves_nothing_and_the_history_says_so(retriever, failed: str) -> None:
     t = drive(make(retriever), [NO, failed, YES, ANSWER])
-    assert agents_asked(t) == ["rita", "sam", "rita", "ana"]
+    assert t.agents_asked() == ["rita", "sam", "rita", "ana"]
     next_prompt = request(t.asked[2])
     assert FAILED_SEARCH in next_prompt and "(1) " not in next_prompt
     info = t.outcome.info

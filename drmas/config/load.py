@@ -12,7 +12,7 @@ import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -268,14 +268,27 @@ def _dataclass_of(tp: Any) -> type | None:
     return None
 
 
-def iter_help(schema: type = DrmasConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+def chosen_names(layers: Sequence[Layer]) -> dict[str, str]:
+    """The system and task the layers choose (`system.name`, `task.name`; the schema's default where none does)."""
+    chosen = {section: getattr(DrmasConfig(), section).name for section in SECTIONS}
+    for layer in layers:
+        for section in SECTIONS:
+            value = layer.data.get(section)
+            if isinstance(value, Mapping) and isinstance(value.get("name"), str):
+                chosen[section] = value["name"]
+    return chosen
+
+
+def iter_help(schema: type = DrmasConfig, prefix: str = "",
+              only: Optional[Mapping[str, str]] = None) -> list[tuple[str, str, str]]:
     """(key, default, help) of every leaf field, for `drmas config keys`; under `system` and `task`, the settings
-    of every registered system and task, their help prefixed with the name that takes them ("[search] ...")."""
+    of every registered system and task (`only`: of the one it names per section), their help prefixed with the
+    name that takes them ("[search] ...")."""
     rows = []
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
         if schema is DrmasConfig and f.name in SECTIONS:
-            rows.extend(_section_help(f.name))
+            rows.extend(_section_help(f.name, (only or {}).get(f.name)))
             continue
         sub = _dataclass_of(hints[f.name])
         if sub is not None:
@@ -291,11 +304,13 @@ def iter_help(schema: type = DrmasConfig, prefix: str = "") -> list[tuple[str, s
     return rows
 
 
-def _section_help(section: str) -> list[tuple[str, str, str]]:
+def _section_help(section: str, only: Optional[str] = None) -> list[tuple[str, str, str]]:
     registry = SECTIONS[section]
     name = dataclasses.fields(registry.base)[0]
     rows = [(f"{section}.name", repr(getattr(DrmasConfig(), section).name), name.metadata.get("help", ""))]
     for registered in registry.names():
+        if only is not None and registered != only:
+            continue
         cls = registry.of(registered)
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):

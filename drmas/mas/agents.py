@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
+from drmas.config.sections import SystemSettings
 from drmas.config.systems import VERDICTS
 from drmas.core.registry import Registry
 from drmas.mas.base import AgentTurn
@@ -52,7 +53,12 @@ class TeamContext:
 
 
 class RoleAgent(ABC):
-    """Prompting and output checking of one role; subclasses register themselves in AGENT_ROLES."""
+    """Prompting and output checking of one role; subclasses register themselves in AGENT_ROLES (or are a system's
+    own: its factory's `system_roles`).
+
+    A role is built as ``cls(settings)``, with the filled `system` section (an instance of the system's settings
+    class; None where a role is used outside a system), kept as `self.settings`: a prompt can follow a setting. A
+    subclass that needs its own constructor takes the same argument and calls ``super().__init__(settings)``."""
 
     role: ClassVar[str]
     # Generation stops once the reply holds one of these (kept in the reply): a role whose output ends in a
@@ -60,6 +66,9 @@ class RoleAgent(ABC):
     # An agent's own `agents.<name>.stop` strings are added to them.
     stop: ClassVar[tuple[str, ...]] = ()
     scripted: ClassVar[bool] = False  # True: turns computed by `respond`, not generated (see ScriptedRole)
+
+    def __init__(self, settings: Optional[SystemSettings] = None) -> None:
+        self.settings = settings
 
     def messages(self, problem: Problem, context: TeamContext) -> list[dict]:
         """Chat messages for this role's next call: system message, worked examples, then the request.

@@ -58,8 +58,10 @@ class MathOrchestra:
         self.agents: tuple[str, ...] = (self.solver_name, self.verifier_name)
         self.services: dict = {}  # the math system calls no services
         # the agents' positions are solver and verifier; what they are told can be a plugin's (system.*_prompts)
-        self.solver: RoleAgent = AGENT_ROLES.lookup(system_cfg.solver_prompts, "system.solver_prompts")()
-        self.verifier: RoleAgent = AGENT_ROLES.lookup(system_cfg.verifier_prompts, "system.verifier_prompts")()
+        solver = AGENT_ROLES.lookup(system_cfg.solver_prompts, "system.solver_prompts")
+        verifier = AGENT_ROLES.lookup(system_cfg.verifier_prompts, "system.verifier_prompts")
+        self.solver: RoleAgent = solver(system_cfg)
+        self.verifier: RoleAgent = verifier(system_cfg)
 
     def run(self, problem: Problem) -> EpisodeGenerator:
         """Yield solver/verifier turns until approval or round K, then return the graded outcome."""

@@ -96,8 +96,8 @@ class ReviseOrchestra:
         self.reviser_name: str = agents_by_role[REVISER]
         self.agents: tuple[str, ...] = (self.solver_name, self.reviser_name)
         self.services: dict = {}  # the checker is the task's grader, called in-process
-        self.solver = AGENT_ROLES.get(SOLVER)()
-        self.reviser = AGENT_ROLES.get(REVISER)()
+        self.solver = AGENT_ROLES.get(SOLVER)(system_cfg)
+        self.reviser = AGENT_ROLES.get(REVISER)(system_cfg)
 
     def run(self, problem: Problem) -> EpisodeGenerator:
         """Solver, then reviser attempts while the checker says wrong and attempts remain."""

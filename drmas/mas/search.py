@@ -105,7 +105,7 @@ class SearchOrchestra:
         self.services = {RETRIEVE: RetrievalService(retriever, topk)}
         self.names: dict[str, str] = {role: agents_by_role[role] for role in ROLES}
         self.agents: tuple[str, ...] = tuple(self.names[role] for role in ROLES)
-        self.roles: dict[str, RoleAgent] = {role: AGENT_ROLES.get(role)() for role in ROLES}
+        self.roles: dict[str, RoleAgent] = {role: AGENT_ROLES.get(role)(system_cfg) for role in ROLES}
 
     def run(self, problem: Problem) -> EpisodeGenerator:
         """Yield router/searcher turns until the router says yes or the last turn, then the answerer's turn

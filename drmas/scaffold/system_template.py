@@ -9,7 +9,8 @@ critic's reply, for up to `system.rounds` rounds. Rewards differ per agent: the 
 of its last answer, the critic `system.critic_reward` for a last verdict that agrees with that grade. A reply
 without an answer earns 0 (and the format penalty), never more than a wrong one: a reward that paid for silence
 would teach the model to stop answering.
-Change the roles' prompts, the turn logic in `run` and the rewards to make it your system; register a
+Change the roles' prompts, the turn logic in `run` and the rewards to make it your system (drmas.api.testing plays
+its episodes on replies you write, without a model: a quick test of each rule); register a
 task of your own with `@TASKS.register(...)` or keep a built-in one (the config uses `arithmetic`).
 """
 
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from drmas.api import (
-    AGENT_ROLES,
     ORCHESTRAS,
     AgentTurn,
     EpisodeGenerator,
@@ -35,7 +35,8 @@ from drmas.api import (
     help_field,
 )
 
-WRITER, CRITIC = "template_system_writer", "template_system_critic"  # role names (agents.<name>.role in the config)
+# role names (agents.<name>.role in the config): this system's own (`system_roles` below), so plain names are safe
+WRITER, CRITIC = "writer", "critic"
 _VERDICT = re.compile(r"<\s*verify\s*>\s*(approve|reject)\s*<\s*/\s*verify\s*>", re.IGNORECASE)
 
 
@@ -51,7 +52,6 @@ class TemplateSystemSettings(SystemSettings):
         return self.at_least(where, rounds=1, critic_reward=0.0)
 
 
-@AGENT_ROLES.register(WRITER)
 class Writer(RoleAgent):
     """Answers, or revises after the critic's reply, ending with \\boxed{}."""
 
@@ -73,7 +73,6 @@ class Writer(RoleAgent):
         return extract_boxed(text)
 
 
-@AGENT_ROLES.register(CRITIC)
 class Critic(RoleAgent):
     """Approves or rejects the writer's latest answer."""
 
@@ -99,6 +98,8 @@ class Critic(RoleAgent):
 class TemplateSystemOrchestra:
     """The turn logic: which agent speaks when (see the module docstring)."""
 
+    system_roles = {WRITER: Writer, CRITIC: Critic}  # the roles agents.<name>.role can name here
+
     def __init__(self, settings: TemplateSystemSettings, agents_by_role: Mapping[str, str], task: Task) -> None:
         settings.validate("system")
         missing = [role for role in (WRITER, CRITIC) if role not in agents_by_role]
@@ -108,7 +109,7 @@ class TemplateSystemOrchestra:
         self.names = {role: agents_by_role[role] for role in (WRITER, CRITIC)}  # role -> agent name
         self.agents = tuple(self.names.values())
         self.services: dict = {}  # services the episodes call by name (objects with call_batch); none here
-        self.roles = {WRITER: Writer(), CRITIC: Critic()}
+        self.roles = {role: cls(settings) for role, cls in self.system_roles.items()}  # a role sees the settings
 
     def run(self, problem: Problem) -> EpisodeGenerator:
         context, turns = TeamContext(), []

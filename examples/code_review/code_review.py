@@ -186,8 +186,13 @@ class CodeReview:
         self.settings = settings  # the task is used through its problems' meta (tests, reference, wrong)
         self.names = {role: agents_by_role[role] for role in (CODER, TESTER)}
         self.agents = tuple(self.names.values())
-        self.roles = {CODER: Coder(), TESTER: Tester()}
-        self.services = {"checks": Checks(SandboxService(settings.sandbox, where="system.sandbox"))}
+        self.roles = {CODER: Coder(settings), TESTER: Tester(settings)}
+        self.sandbox = SandboxService(settings.sandbox, where="system.sandbox")
+        self.services = {"checks": Checks(self.sandbox)}
+
+    def close(self) -> None:
+        """Called by drmas when it is done with the orchestra: the sandbox's running programs and workers go."""
+        self.sandbox.close()
 
     def run(self, problem: Problem) -> EpisodeGenerator:
         meta, context, turns = problem.meta, TeamContext(), []

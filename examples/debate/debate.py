@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from drmas.api import (
-    AGENT_ROLES,
     ORCHESTRAS,
     AgentTurn,
     EpisodeGenerator,
@@ -64,10 +63,10 @@ def answer_of(text: str) -> Optional[str]:
 
 
 class DebateSolver(RoleAgent):
-    """Answers with \\boxed{}; from round 2 on, after reading its own last reply and the other solver's."""
+    """Answers with \\boxed{}; from round 2 on, after reading its own last reply and the other solver's (the end of
+    each, `system.reply_chars`: the role reads the system's settings)."""
 
     other: str
-    reply_chars = 400
 
     def system_prompt(self) -> str:
         return "You solve math problems. Write one short line of working, then the final number in \\boxed{}."
@@ -79,31 +78,28 @@ class DebateSolver(RoleAgent):
         mine, theirs = context.latest(self.role), context.latest(self.other)
         if mine is None:
             return problem.question
-        return (f"{problem.question}\n\nYour answer:\n{_tail(mine, self.reply_chars)}\n\nAnother solver's answer:\n"
-                f"{_tail(theirs or '', self.reply_chars)}\n\nCheck both, then give your final number in \\boxed{{}}.")
+        chars = self.settings.reply_chars
+        return (f"{problem.question}\n\nYour answer:\n{_tail(mine, chars)}\n\nAnother solver's answer:\n"
+                f"{_tail(theirs or '', chars)}\n\nCheck both, then give your final number in \\boxed{{}}.")
 
     def parse(self, text: str) -> Optional[str]:
         return extract_boxed(text)
 
 
-@AGENT_ROLES.register(SOLVERS[0])
 class SolverOne(DebateSolver):
     role, other = SOLVERS
 
 
-@AGENT_ROLES.register(SOLVERS[1])
 class SolverTwo(DebateSolver):
     role, other = SOLVERS[1], SOLVERS[0]
 
 
-@AGENT_ROLES.register(JUDGE)
 class Judge(RoleAgent):
     """Reads both solvers' final replies and picks one: <verify>approve</verify> takes Solver 1's answer,
     <verify>reject</verify> Solver 2's."""
 
     role = JUDGE
     stop = ("</verify>",)  # nothing after the verdict is needed
-    reply_chars = 400
 
     def system_prompt(self) -> str:
         return ("Two solvers answered a math problem. Check Solver 1's answer. Write <verify>approve</verify> if it "
@@ -116,8 +112,9 @@ class Judge(RoleAgent):
                  "3 + 4 = 7, so Solver 1 is right. <verify>approve</verify>")]
 
     def _request(self, question: str, first: str, second: str) -> str:
-        return (f"{question}\n\nSolver 1:\n{_tail(first, self.reply_chars)}\n\nSolver 2:\n"
-                f"{_tail(second, self.reply_chars)}\n\nIs Solver 1 right?")
+        chars = self.settings.reply_chars
+        return (f"{question}\n\nSolver 1:\n{_tail(first, chars)}\n\nSolver 2:\n{_tail(second, chars)}\n\n"
+                "Is Solver 1 right?")
 
     def user_prompt(self, problem: Problem, context: TeamContext) -> str:
         return self._request(problem.question, *(context.latest(solver) or "" for solver in SOLVERS))
@@ -135,6 +132,9 @@ def _tail(text: str, chars: int) -> str:
 
 @ORCHESTRAS.register("debate", settings=DebateSettings)
 class Debate:
+    # the system's own roles: `agents.<name>.role` names them; they need no global registration (nor a prefix)
+    system_roles = {SOLVERS[0]: SolverOne, SOLVERS[1]: SolverTwo, JUDGE: Judge}
+
     def __init__(self, settings: DebateSettings, agents_by_role: Mapping[str, str], task: Task) -> None:
         missing = [role for role in (*SOLVERS, JUDGE) if role not in agents_by_role]
         if missing:
@@ -143,9 +143,7 @@ class Debate:
         self.names = {role: agents_by_role[role] for role in (*SOLVERS, JUDGE)}
         self.agents = tuple(self.names.values())
         self.services: dict = {}
-        self.roles = {SOLVERS[0]: SolverOne(), SOLVERS[1]: SolverTwo(), JUDGE: Judge()}
-        for role in self.roles.values():
-            role.reply_chars = settings.reply_chars
+        self.roles = {role: cls(settings) for role, cls in self.system_roles.items()}
 
     def run(self, problem: Problem) -> EpisodeGenerator:
         context, turns = TeamContext(), []
