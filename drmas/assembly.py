@@ -43,6 +43,7 @@ from drmas.mas.base import Orchestra
 from drmas.core.tool_calls import TOOL_PARSERS
 from drmas.models import checkpoint
 from drmas.models.loading import resolve_model_path
+from drmas.models.priming import PRIMING_FORMATS
 from drmas.plugins import import_plugins
 from drmas.retrieval.factory import RETRIEVERS, build_retriever
 from drmas.episodes.bounds import EpisodeBounds
@@ -96,6 +97,13 @@ def check_components(cfg: DrmasConfig) -> list[str]:
     parser = getattr(cfg.system, "tool_parser", None)  # the external system's (or a plugin system's) setting
     if isinstance(parser, str) and (problem := TOOL_PARSERS.problem(parser, "system.tool_parser")):
         found.append(problem + _PLUGIN_HINT)
+    for model_id, model in cfg.models.items():  # a tiny model's priming set: a built-in's or a plugin's
+        if not model.path and model.builtin == "tiny" and model.tiny.prime_steps > 0:
+            key = f"models.{model_id}.tiny.prime_system"
+            if problem := PRIMING_FORMATS.problem(model.tiny.prime_system, key):
+                found.append(problem + _PLUGIN_HINT)
+            else:
+                found.extend(PRIMING_FORMATS.get(model.tiny.prime_system).problems(key))
     if cfg.rollout.engine in ENGINES:
         found.extend(_engine_problems(cfg))
         with_adapters = [m for m in engine_models(cfg) if cfg.models[m].adapters]

@@ -287,3 +287,38 @@ def test_drmas_run_on_a_corrupt_model_exits_2_with_one_line(model_copy: Path, tm
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("drmas: ")]
     assert len(lines) == 1 and "models.policy.path" in lines[0] and str(config_json) in lines[0]
+
+
+def test_a_plugins_priming_set_primes_its_own_model_and_bad_templates_are_named(tiny_model_dir: Path) -> None:
+    """Issue 39 (2): a plugin registers the formats its roles write; the tiny model is primed on them, cached apart
+    from the built-in sets' models and rebuilt when the set's content changes."""
+    import random
+
+    from drmas.api import PRIMING_FORMATS, PrimingFormats
+    from drmas.models.priming import format_examples
+
+    verdicts = PrimingFormats(exchanges=(([{"role": "system", "content": "Judge it."},
+                                           {"role": "user", "content": "Is 3 right?"}], "<verdict>accept</verdict>"),),
+                              replies=("<verdict>reject</verdict> {n}",))
+    PRIMING_FORMATS.register("test_verdicts")(verdicts)
+    drawn = format_examples(random.Random(0), 50, system="test_verdicts")
+    assert {reply for _, reply in drawn} >= {"<verdict>accept</verdict>"}
+    assert any(reply.startswith("<verdict>reject</verdict> ") and prompt is None for prompt, reply in drawn)
+    primed = build_tiny_model(TinyModelConfig(prime_steps=2, prime_system="test_verdicts"))
+    assert primed not in (tiny_model_dir, build_tiny_model(TinyModelConfig(prime_steps=2)))
+    PRIMING_FORMATS.register("test_verdicts_edited")(PrimingFormats(replies=("<verdict>accept</verdict>",)))
+    assert build_tiny_model(TinyModelConfig(prime_steps=2, prime_system="test_verdicts_edited")) != primed
+    assert verdicts.problems("here") == []
+    assert PrimingFormats().problems("here") == ["here: no replies and no exchanges to prime on"]
+    broken = PrimingFormats(replies=("\\boxed{}", "{count}"))  # literal braces not doubled; an unknown field
+    assert [m.split(" (")[0] for m in broken.problems("here")] == ["here: template '\\\\boxed{}' cannot be filled",
+                                                                   "here: template '{count}' cannot be filled"]
+
+
+def test_an_unknown_priming_set_is_a_config_error_naming_its_key() -> None:
+    from drmas.assembly import load_config
+    from drmas.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"models\.policy\.tiny\.prime_system: 'maht' is not a registered priming "
+                                          r"format set \(did you mean 'math'\?\)"):
+        load_config(ROOT / "configs" / "smoke.yaml", ["models.policy.tiny.prime_system=maht"])

@@ -32,6 +32,9 @@ def test_a_new_system_trains_out_of_the_box(tmp_path):
     steps = [r for r in read_metrics(out / "metrics.jsonl") if "loss/policy" in r]  # (step 0: accuracy before)
     assert [r["step"] for r in steps] == [1, 2]
     assert all("reward/writer/mean" in r and "reward/critic/mean" in r for r in steps)
+    # the tiny model was primed to the system's own formats (its registered PrimingFormats): the critic writes its
+    # <verdict> tag (with math's <verify> formats it wrote none: valid 0, a flat reward, no gradient)
+    assert all(r["valid/critic"] > 0.5 and r["valid/writer"] > 0.5 for r in steps), steps
     assert f"- {tmp_path / 'systems' / 'my_system.py'}" in (out / "config.yaml").read_text()
     assert "held-out accuracy: before" in done.stdout
 
@@ -96,12 +99,12 @@ def test_the_scaffolds_rewards_pay_no_reply_without_an_answer_above_a_wrong_one(
     problem = task.split("train")[0]
     right, wrong = f"So \\boxed{{{problem.answer}}}.", f"So \\boxed{{{int(problem.answer) + 1}}}."
     silent = {"writer": "I cannot tell.", "critic": "Looks fine to me."}
-    for answer, wrong_verdict in ((right, "<verify>reject</verify>"), (wrong, "<verify>approve</verify>")):
+    for answer, wrong_verdict in ((right, "<verdict>reject</verdict>"), (wrong, "<verdict>accept</verdict>")):
         wrong_critic = _rewards(orchestra, problem, penalty, {"writer": answer, "critic": wrong_verdict})["critic"]
         no_verdict = _rewards(orchestra, problem, penalty, {"writer": answer, "critic": silent["critic"]})["critic"]
         assert no_verdict < wrong_critic, (answer, no_verdict, wrong_critic)
         assert no_verdict == -penalty  # nothing for the verdict, the format penalty for the reply
-    for verdict in ("<verify>approve</verify>", "<verify>reject</verify>", silent["critic"]):
+    for verdict in ("<verdict>accept</verdict>", "<verdict>reject</verdict>", silent["critic"]):
         wrong_writer = _rewards(orchestra, problem, penalty, {"writer": wrong, "critic": verdict})["writer"]
         no_answer = _rewards(orchestra, problem, penalty, {"writer": silent["writer"], "critic": verdict})["writer"]
         assert no_answer < wrong_writer, (verdict, no_answer, wrong_writer)

@@ -31,6 +31,9 @@ registers components by name; a config then chooses them like the built-ins:
   (the `algorithm` section and the running per-agent reward statistics); and **policy losses** (`algorithm.loss`,
   `POLICY_LOSSES`): ``loss(inputs, alg) -> LossOutput`` over one micro-batch's `LossInputs` (current, proximal and
   behaviour log-probs, advantages, mask). docs/algorithms.md has the built-ins' formulas;
+* **priming format sets** (`models.<id>.tiny.prime_system`, `PRIMING_FORMATS`): a `PrimingFormats` of reply
+  templates (and prompt/reply pairs) that the tiny random test model is primed to write, so a plugin's own output
+  format (`<verdict>accept</verdict>`, say) is written in its tests and smoke runs and its rewards vary;
 * **tool-call parsers** (`TOOL_PARSERS`: a reply's text -> its content and `ParsedCall`s), for models whose
   template writes calls in another format than the built-in `hermes`. An agent is offered functions by
   `AgentTurn(..., tools=[...])` (OpenAI's definitions, rendered by the chat template). "Tool" in drmas means
@@ -78,6 +81,7 @@ from drmas.core.jsonl import jsonl_records
 from drmas.engines import ENGINES
 from drmas.engines.base import Engine, EngineAbilities, Generation, SamplingParams
 from drmas.mas import ORCHESTRAS
+from drmas.models.priming import PRIMING_FORMATS, PrimingFormats
 from drmas.mas.agents import AGENT_ROLES, RoleAgent, ScriptedRole, SolverAgent, TeamContext, VerifierAgent
 from drmas.mas.base import (
     PENDING,
@@ -121,6 +125,8 @@ __all__ = [
     # the code-execution sandbox (a service) and its settings
     "SandboxService", "SandboxRequest", "SandboxResult", "AssertService", "AssertRequest", "AssertReport",
     "SandboxConfig",
+    # what a tiny test model is primed to write (`models.<id>.tiny.prime_system`): a plugin's own formats
+    "PRIMING_FORMATS", "PrimingFormats",
     # engines and retrievers
     "Engine", "EngineAbilities", "Generation", "SamplingParams", "Retriever", "Hit", "Passage",
     # grading helpers: math answers (\\boxed{}, numbers, LaTeX via math-verify) and short QA answers (EM, F1)

@@ -32,7 +32,6 @@ DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # models.<id>.device
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 PIPELINE_MODES = ("colocated", "async")
 HEAP_MMAP_THRESHOLD_MAX_KB = 32 * 1024  # models.<id>.heap_mmap_threshold_kb: glibc refuses above 32 MiB on 64-bit
-PRIME_SYSTEMS = ("math", "search", "code", "tools")  # models.<id>.tiny.prime_system (drmas/models/priming.py FORMATS)
 ADAPTER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # models.<id>.adapters keys (peft module keys, vLLM names)
 
 
@@ -62,10 +61,11 @@ class TinyModelConfig:
         0, "Train the random model this many steps on the agents' output formats with random numbers (not on "
         "answers), so its rewards vary and gradients flow in tests; 0 = pure random."
     )
-    prime_system: str = _f("math", "Whose output formats priming teaches: 'math' (boxed answers, approve/reject), "
-                           "'search' (yes/no routing, <search> queries, <answer> tags) or 'code' (a Python function "
-                           "in a ```python block, assert statements: examples/code_review) or 'tools' (Hermes "
-                           "<tool_call> blocks calling add, boxed answers: examples/openai_agents/tools_agent.py).")
+    prime_system: str = _f("math", "The registered priming format set (PRIMING_FORMATS) the model is primed to "
+                           "write: 'math' (boxed answers, approve/reject), 'search' (yes/no routing, <search> queries, "
+                           "<answer> tags), 'code' (a Python function in a ```python block, assert statements: "
+                           "examples/code_review), 'tools' (Hermes <tool_call> blocks calling add, boxed answers: "
+                           "examples/openai_agents/tools_agent.py), or a plugin's own (docs/extending.md).")
 
 
 @dataclass

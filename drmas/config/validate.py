@@ -20,7 +20,6 @@ from drmas.config.schema import (
     DTYPES,
     HEAP_MMAP_THRESHOLD_MAX_KB,
     PIPELINE_MODES,
-    PRIME_SYSTEMS,
     DrmasConfig,
     ModelConfig,
     OptimConfig,
@@ -81,8 +80,6 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
         _check_adapters(cfg, where, m, errors)
         if m.tiny.hidden_size % max(m.tiny.num_heads, 1) or m.tiny.hidden_size // max(m.tiny.num_heads, 1) < 32:
             errors.append(f"{where}.tiny: hidden_size / num_heads must be an integer >= 32")
-        if m.tiny.prime_system not in PRIME_SYSTEMS:
-            errors.append(f"{where}.tiny.prime_system: {m.tiny.prime_system!r} is not one of {', '.join(PRIME_SYSTEMS)}")
 
 
 def _check_optim(where: str, optim: OptimConfig, errors: list[str]) -> None:

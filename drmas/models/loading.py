@@ -179,13 +179,15 @@ _TINY_WEIGHT_FIELDS = ("hidden_size", "num_layers", "num_heads", "intermediate_s
 
 def _tiny_key(cfg: TinyModelConfig) -> str:
     """A short stable hash of the tiny-model shape and seed (the cache key)."""
-    from drmas.models.priming import PRIMING_RECIPE
+    from drmas.models.priming import BUILT_IN, PRIMING_FORMATS, PRIMING_RECIPE
 
     fields = {name: getattr(cfg, name) for name in _TINY_WEIGHT_FIELDS}
     if cfg.prime_steps > 0:  # a changed priming recipe makes different weights: never reuse the old ones
         fields["priming"] = PRIMING_RECIPE
         if cfg.prime_system != "math":  # (math keys stay as they were)
             fields["prime_system"] = cfg.prime_system
+        if cfg.prime_system not in BUILT_IN:  # a plugin's set: its content, so an edited set primes a new model
+            fields["formats"] = PRIMING_FORMATS.lookup(cfg.prime_system, "models.<id>.tiny.prime_system").digest()
     payload = json.dumps({"format": _BUILD_FORMAT, **fields}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

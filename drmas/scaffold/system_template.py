@@ -3,8 +3,8 @@
 Train it: `drmas run --config template_system.yaml` (the config beside this file lists it under `plugins`).
 Everything a plugin uses comes from `drmas.api`; docs/extending.md of drmas explains each piece.
 
-The episode: a writer answers the problem with a number in \\boxed{}; a critic approves or rejects it with
-<verify>approve</verify> / <verify>reject</verify>; a rejected answer goes back to the writer, who sees the
+The episode: a writer answers the problem with a number in \\boxed{}; a critic accepts or rejects it with
+<verdict>accept</verdict> / <verdict>reject</verdict>; a rejected answer goes back to the writer, who sees the
 critic's reply, for up to `system.rounds` rounds. Rewards differ per agent: the writer gets the task's grade
 of its last answer, the critic `system.critic_reward` for a last verdict that agrees with that grade. A reply
 without an answer earns 0 (and the format penalty), never more than a wrong one: a reward that paid for silence
@@ -22,6 +22,7 @@ from typing import Mapping, Optional
 
 from drmas.api import (
     ORCHESTRAS,
+    PRIMING_FORMATS,
     AgentTurn,
     EpisodeGenerator,
     EpisodeOutcome,
@@ -31,13 +32,14 @@ from drmas.api import (
     Task,
     TeamContext,
     TurnResult,
+    PrimingFormats,
     extract_boxed,
     help_field,
 )
 
 # role names (agents.<name>.role in the config): this system's own (`system_roles` below), so plain names are safe
 WRITER, CRITIC = "writer", "critic"
-_VERDICT = re.compile(r"<\s*verify\s*>\s*(approve|reject)\s*<\s*/\s*verify\s*>", re.IGNORECASE)
+_VERDICT = re.compile(r"<\s*verdict\s*>\s*(accept|reject)\s*<\s*/\s*verdict\s*>", re.IGNORECASE)
 
 
 @dataclass
@@ -77,13 +79,13 @@ class Critic(RoleAgent):
     """Approves or rejects the writer's latest answer."""
 
     role = CRITIC
-    stop = ("</verify>",)  # nothing after the verdict is needed
+    stop = ("</verdict>",)  # nothing after the verdict is needed
 
     def system_prompt(self) -> str:
-        return "Check the answer. Write <verify>approve</verify> if it is right or <verify>reject</verify> if not."
+        return "Check the answer. Write <verdict>accept</verdict> if it is right or <verdict>reject</verdict> if not."
 
     def demonstrations(self) -> list[tuple[str, str]]:
-        return [("Question: What is 3 + 4?\nAnswer: 8", "3 + 4 = 7, not 8. <verify>reject</verify>")]
+        return [("Question: What is 3 + 4?\nAnswer: 8", "Not 8. <verdict>reject</verdict>")]
 
     def user_prompt(self, problem: Problem, context: TeamContext) -> str:
         answer = context.latest(WRITER) or ""
@@ -92,6 +94,21 @@ class Critic(RoleAgent):
     def parse(self, text: str) -> Optional[str]:
         found = _VERDICT.findall(text)
         return found[-1].lower() if found else None
+
+
+# What the config's tiny test model is primed to write (models.policy.tiny.prime_system: template_system): after
+# each role's own prompt, that role's formats with random numbers (never answers), so a new model writes them and
+# rewards vary from step 1. Change these with the roles' formats; a real model needs none of it.
+_ASKED = [Problem(f"priming-{i}", q, "") for i, q in enumerate(("What is 2 + 5?", "Tom has 4 cups and buys 3 more. "
+                                                                 "How many cups does he have?", "What is 6 + 1?"))]
+_ANSWERED = TeamContext()
+_ANSWERED.add(WRITER, "2 + 5 = 6, so \\boxed{6}.")
+PRIMING_FORMATS.register("template_system")(PrimingFormats(exchanges=(
+    *((Writer().messages(q, TeamContext()), reply) for q in _ASKED
+      for reply in ("{a} + {b} = {n}, so \\boxed{{{n}}}.", "The answer is \\boxed{{{n}}}.")),
+    *((Critic().messages(q, _ANSWERED), reply) for q in _ASKED
+      for reply in ("<verdict>accept</verdict>", "<verdict>reject</verdict>")),  # short: the critic writes <= 12 tokens
+)))
 
 
 @ORCHESTRAS.register("template_system", settings=TemplateSystemSettings)
@@ -117,18 +134,18 @@ class TemplateSystemOrchestra:
         for _ in range(self.settings.rounds):
             answer = yield from self._turn(WRITER, problem, context, turns)
             verdict = self.roles[CRITIC].parse((yield from self._turn(CRITIC, problem, context, turns)))
-            if verdict == "approve":
+            if verdict == "accept":
                 break
         grade = float(self.task.grade(problem, answer))
         # no verdict is neither approve nor reject: counting it as a reject would pay a silent critic
-        critic_right = verdict is not None and (verdict == "approve") == (grade >= 1.0)
+        critic_right = verdict is not None and (verdict == "accept") == (grade >= 1.0)
         return EpisodeOutcome(
             reward=grade,  # the episode's task reward: what held-out evaluation reports
             turns=turns,
             final_answer=self.roles[WRITER].parse(answer) or "",
             agent_rewards={self.names[WRITER]: grade,  # per-agent rewards (by agent name)
                            self.names[CRITIC]: self.settings.critic_reward if critic_right else 0.0},
-            info={"approved": verdict == "approve"},
+            info={"accepted": verdict == "accept"},
         )
 
     def _turn(self, role: str, problem: Problem, context: TeamContext, turns: list[TurnResult]):
