@@ -16,6 +16,7 @@ Two questions, two commands:
     python bench/peer.py speed --quick --out runs/peer_speed_quick
     python bench/peer.py parity --first-seed 2 --seeds 1 --out runs/peer    # one more seed into the same OUT
     python bench/peer.py parity --collect --out runs/peer                   # the report of the runs in OUT
+    python bench/peer.py grad --out runs/peer_grad [--seeds 3]   # both gradients on one batch (bench/peer_grad.py)
 
 Each run (framework x seed) is written to OUT/<framework>-seed<N>/result.json as soon as it finishes, and the
 report covers every run in OUT. Runs go one at a time, each in its own process (they would compete for the 2
@@ -260,9 +261,25 @@ def collected(out: Path) -> list[dict]:
     return sorted(found, key=lambda r: (r["framework"], r["seed"]))
 
 
+def same_batch_report(args: argparse.Namespace, overrides: list[str], out: Path) -> None:
+    """`grad`: drmas's and TRL's gradients on drmas's first batch of each seed (bench/peer_grad.py), one process
+    per seed."""
+    from peer_grad import grad_table, same_batch
+
+    runs = []
+    for seed in range(args.first_seed, args.first_seed + (args.seeds or 1)):
+        with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+            runs.append(pool.submit(same_batch, args.config, seed, overrides, str(out / f"seed{seed}")).result())
+    table = grad_table(runs)
+    meta = {"what": "grad", "config": args.config, "overrides": overrides, "commit": commit(), "cpus": os.cpu_count()}
+    (out / "peer_grad.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
+    (out / "peer_grad.md").write_text(table + "\n")
+    print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("parity", "speed"))
+    parser.add_argument("what", choices=("parity", "speed", "grad"))
     parser.add_argument("--config", default=CONFIG)
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 steps (2 seeds for parity): it runs")
     parser.add_argument("--seeds", type=int, help="parity: seeds (default 3, quick 2); speed: always 1")
@@ -280,6 +297,8 @@ def main() -> None:
     frameworks = ("drmas", "trl") if parity else ("drmas", "drmas_async", "trl")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.what == "grad":
+        return same_batch_report(args, overrides, out)
     start = time.monotonic()
     if not args.collect:
         for seed in range(args.first_seed, args.first_seed + seeds):

@@ -36,11 +36,12 @@ def first_turn_messages(orchestra, problem) -> list[dict]:
     return [dict(m) for m in turn.messages]
 
 
-def train_trl(config: str, seed: int, steps: int, overrides: list[str], out: str) -> dict:
-    """Train `steps` GRPO steps with TRL on what `config` describes; per-step reward, lengths, times, peak RSS."""
+def trl_trainer(config: str, seed: int, steps: int, overrides: list[str], out: str, callbacks=()):
+    """TRL's GRPOTrainer set up as `config` describes (the table above), on the problems drmas draws for `seed`;
+    returns (trainer, the drmas config, the problems in order, whether the prompt token ids are drmas's own)."""
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from drmas import assembly
@@ -80,6 +81,14 @@ def train_trl(config: str, seed: int, steps: int, overrides: list[str], out: str
         scale_rewards="group", mask_truncated_completions=False, disable_dropout=True,
         model_init_kwargs={"dtype": torch.float32}, logging_steps=1, report_to="none", save_strategy="no",
         log_completions=False, dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=str(path), reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
+                          processing_class=tokenizer, callbacks=list(callbacks))
+    return trainer, cfg, problems, match
+
+
+def train_trl(config: str, seed: int, steps: int, overrides: list[str], out: str) -> dict:
+    """Train `steps` GRPO steps with TRL on what `config` describes; per-step reward, lengths, times, peak RSS."""
+    from transformers import TrainerCallback
 
     class Clock(TrainerCallback):
         def __init__(self) -> None:
@@ -92,8 +101,8 @@ def train_trl(config: str, seed: int, steps: int, overrides: list[str], out: str
             self.ends.append(time.monotonic())
 
     clock = Clock()
-    trainer = GRPOTrainer(model=str(path), reward_funcs=reward, args=args,
-                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[clock])
+    trainer, cfg, problems, match = trl_trainer(config, seed, steps, overrides, out, [clock])
+    group = cfg.rollout.group_size * cfg.rollout.prompts_per_step
     trainer.train()
     logs = [r for r in trainer.state.log_history if "reward" in r]
     marks = [clock.start, *clock.ends]

@@ -142,8 +142,9 @@ def test_launcher_runs_the_pipeline_through_a_dead_rollout_and_a_dead_learner(tm
     assert (out / "config.yaml").read_text().count(":0\n") == 0  # children got real ports
     # held-out accuracy of the initial models and of the learner's final checkpoint, as in colocated runs
     assert "held-out accuracy before training" in output and "held-out accuracy after training" in output
-    (scored,) = read_metrics(out / "eval" / "metrics.jsonl")
-    assert 0 <= scored["eval/accuracy_before"] <= 1 and 0 <= scored["eval/accuracy_after"] <= 1
+    before, after = read_metrics(out / "eval" / "metrics.jsonl")  # before at step 0 (logged at the start), after at 5
+    assert (before["step"], after["step"]) == (0, 5)
+    assert 0 <= before["eval/accuracy_before"] <= 1 and 0 <= after["eval/accuracy_after"] <= 1
 
 
 @pytest.mark.e2e

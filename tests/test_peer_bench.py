@@ -80,6 +80,19 @@ def test_quick_speed_compares_three_runs_to_trl(tmp_path) -> None:
     assert "drmas_async/trl: samples/s = " in output
 
 
+@pytest.mark.e2e
+@pytest.mark.timeout(960)
+def test_quick_grad_computes_both_frameworks_loss_on_the_same_batch(tmp_path) -> None:
+    """`grad` on the tiny model: both frameworks score drmas's batch, with the same log-probs and loss (its
+    rewards rarely vary, so the gradients may both be zero; the SmolLM2 figures are in docs/benchmarks.md)."""
+    _quick("grad", tmp_path)
+    (run,) = json.loads((tmp_path / "peer_grad.json").read_text())["runs"]
+    assert run["samples"] == 16 and run["logp_max_abs_diff"] < 1e-4
+    assert run["loss"]["drmas"] == pytest.approx(run["loss"]["trl"], abs=1e-6)
+    assert run["grad_norm"]["drmas"] == pytest.approx(run["grad_norm"]["trl"], rel=1e-3, abs=1e-7)
+    assert "| 0 | 16 (" in (tmp_path / "peer_grad.md").read_text()
+
+
 def test_intervals_and_parity_table_on_hand_built_runs() -> None:
     bench = _bench()
     one = bench.interval([0.5])
