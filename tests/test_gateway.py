@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -35,72 +34,12 @@ from drmas.gateway.program import AgentProgram, ProgramFailed
 from drmas.mas.base import Reply
 from drmas.core.tool_calls import parse_hermes
 from drmas.runtime.metrics import read_metrics
-from drmas.episodes import EpisodeRequest, EpisodeRunner
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "openai_agents"
-CONFIG = EXAMPLE / "config.yaml"
-IDLE = ["python", "-c", "import time; time.sleep(600)"]  # a program that calls nothing: the test calls instead
+from gateway_harness import (CONFIG, EXAMPLE, IDLE, ROOT, ask as _ask, claim as _claim, config_of as _config,  # noqa: F401
+                             end as _end, engine, requests_of as _requests, run_program as _run,
+                             runner_of as _runner)
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _config(*overrides: str):
-    return assembly.load_config(CONFIG, [f"system.workdir={EXAMPLE}", *overrides])
-
-
-@pytest.fixture(scope="module")
-def engine(smoke_model):  # noqa: F811
-    cfg = _config()
-    return {"policy": assembly.build_engine(cfg, "policy", assembly.model_path(cfg, "policy"), 0)}
-
-
-def _runner(cfg, engine):
-    orchestra = assembly.build_orchestra(cfg, assembly.build_task(cfg))
-    return EpisodeRunner(orchestra, engine, assembly.agent_specs(cfg), cfg.algorithm.invalid_penalty, seed=0)
-
-
-def _requests(cfg, groups: int, size: int, tag: str = "g") -> list[EpisodeRequest]:
-    problems = list(assembly.build_task(cfg).split("train"))[:groups]
-    return [EpisodeRequest(f"{tag}{g}-e{e}", f"{tag}{g}", p) for g, p in enumerate(problems) for e in range(size)]
-
-
-def _run(runner: EpisodeRunner, requests, program=None):
-    """runner.run in this thread (the engine's) while `program(url, token)` runs in another; both must succeed."""
-    failures: list[BaseException] = []
-
-    def call() -> None:
-        try:
-            program(runner.orchestra.service.url, runner.orchestra.service.token)
-        except BaseException as exc:  # noqa: BLE001  (re-raised in the test's thread)
-            failures.append(exc)
-
-    runner.orchestra.start()
-    thread = threading.Thread(target=call, daemon=True) if program else None
-    try:
-        if thread:
-            thread.start()
-        results = runner.run(requests)
-        if thread:
-            thread.join(30)  # it may still ask the gateway about the episodes that ended
-    finally:
-        assembly.close_orchestra(runner.orchestra)
-    if failures:
-        raise failures[0]
-    return results
-
-
-def _claim(url: str, token: str) -> dict:
-    return httpx.post(f"{url}/drmas/v1/episodes", json={}, headers={"Authorization": f"Bearer {token}"}).json()
-
-
-def _end(url: str, episode: str, body: dict) -> httpx.Response:
-    return httpx.post(f"{url}/drmas/v1/episodes/{episode}/reward", json=body)
-
-
-def _ask(client: openai.OpenAI, episode: str, **kwargs):
-    kwargs.setdefault("messages", [{"role": "user", "content": "What is 2 + 2?"}])
-    return client.chat.completions.create(model=kwargs.pop("model", "solver"), user=episode, **kwargs)
 
 
 def test_the_example_program_is_the_in_process_math_system_call_for_call(engine):
@@ -142,7 +81,6 @@ def test_calls_are_answered_and_recorded_and_bad_requests_get_openai_errors(engi
         eid = episode["id"]
         refused = {
             "model_not_found": (openai.NotFoundError, dict(model="planner")),
-            "stream": (openai.BadRequestError, dict(stream=True)),
             "tool_choice": (openai.BadRequestError, dict(tools=[{"type": "function", "function": {"name": "f"}}],
                                                          tool_choice="required")),
             "functions": (openai.BadRequestError, dict(functions=[{"name": "f"}])),

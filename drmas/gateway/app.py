@@ -5,7 +5,8 @@
     POST /v1/chat/completions                    a call of the agent `model` names, in the episode named by the
                                                  X-Drmas-Episode header or the `user` field -> chat.completion
                                                  (its id also in the X-Drmas-Completion-Id and X-Request-Id
-                                                 headers, see `completion_headers`)
+                                                 headers, see `completion_headers`); `stream`: its chunks
+    POST /v1/responses                           the same as a Responses API call -> response (`responses_api`)
     POST /drmas/v1/episodes                      hand out an episode: {"id", "object": "episode", "problem"}
     POST /drmas/v1/episodes/{id}/reward          end it: {"reward"} or {"answer"}, optionally "agent_rewards",
                                                  "call_rewards" -> {"id", "object", "status", "reward", "calls"}
@@ -35,6 +36,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from drmas.gateway import openai_api as api
+from drmas.gateway import responses_api, sse
 from drmas.gateway.inbox import Call, End, Inbox
 from drmas.core.tool_calls import ToolParser
 from drmas.runtime.http import RequestError, read_body
@@ -59,6 +61,7 @@ class AppSettings:
 
 def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
     agents = list(settings.agents)
+    stored = responses_api.ResponseStore()
 
     def guarded(handler: Callable[[Request], Awaitable[dict | Response]]) -> Callable[[Request], Awaitable[Response]]:
         @wraps(handler)
@@ -95,18 +98,37 @@ def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
                                f"agents ({', '.join(agents)})", param="model", code="model_not_found")
         return api.model(agent)
 
+    async def generate(episode_id: str, call_id: str, call: api.ChatCall) -> list:
+        """Queue the call in its episode and await its replies (one per choice)."""
+        event = Call(call_id, call)
+        inbox.submit(episode_id, event)
+        return await asyncio.wrap_future(event.future)
+
     @guarded
     async def chat(request: Request) -> Response:
         call = api.decode_chat(await body(request), agents, settings.honour_sampling)
-        episode_id = request.headers.get(EPISODE_HEADER) or call.user
-        if not episode_id:
-            raise api.bad_request(f"name the episode of this call: the {EPISODE_HEADER} header or the `user` field, "
-                                  "with the id POST /drmas/v1/episodes gave", "user", "missing_episode")
-        event = Call(api.new_completion_id(), call)
-        inbox.submit(episode_id, event)
-        replies = await asyncio.wrap_future(event.future)
-        return _json(HTTPStatus.OK, api.completion(event.id, call, replies, settings.agents[call.agent],
-                                                   settings.tool_parser), completion_headers(event.id))
+        episode_id = _episode(request, call.user)
+        completion_id = api.new_completion_id()
+        replies = await generate(episode_id, completion_id, call)
+        answer = api.completion(completion_id, call, replies, settings.agents[call.agent], settings.tool_parser)
+        if call.stream:
+            return sse.stream_chat(answer, call.stream_usage, completion_headers(completion_id))
+        return _json(HTTPStatus.OK, answer, completion_headers(completion_id))
+
+    @guarded
+    async def responses(request: Request) -> Response:
+        req = responses_api.decode_responses(await body(request), agents)
+        episode_id = _episode(request, req.user)
+        given = responses_api.prepare(req, episode_id, stored, settings.honour_sampling)
+        response_id = responses_api.new_response_id()
+        replies = await generate(episode_id, response_id, given.call)
+        answer, assistant = responses_api.response(response_id, given, replies[0], settings.agents[given.call.agent],
+                                                   settings.tool_parser)
+        if given.store:
+            stored.put(response_id, episode_id, given.call.agent, given.history + [assistant])
+        if given.call.stream:
+            return sse.stream_response(answer, completion_headers(response_id))
+        return _json(HTTPStatus.OK, answer, completion_headers(response_id))
 
     @guarded
     async def claim(request: Request) -> dict:
@@ -135,12 +157,21 @@ def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{agent:path}", get_model, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/drmas/v1/episodes", claim, methods=["POST"]),
         Route("/drmas/v1/episodes/{episode}/reward", reward, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})
     app.router.redirect_slashes = False
     return app
+
+
+def _episode(request: Request, user: str | None) -> str:
+    episode_id = request.headers.get(EPISODE_HEADER) or user
+    if not episode_id:
+        raise api.bad_request(f"name the episode of this call: the {EPISODE_HEADER} header or the `user` field, "
+                              "with the id POST /drmas/v1/episodes gave", "user", "missing_episode")
+    return episode_id
 
 
 def completion_headers(completion_id: str) -> dict[str, str]:
@@ -164,8 +195,8 @@ async def _routing_error(request: Request, exc: Exception) -> Response:
     """Starlette's 404 and 405 as OpenAI error objects, like every other refusal."""
     assert isinstance(exc, HTTPException)
     if exc.status_code == HTTPStatus.NOT_FOUND:
-        message = (f"no such path: {request.url.path} (paths: /v1/chat/completions, /v1/models, /drmas/v1/episodes, "
-                   "/drmas/v1/episodes/{id}/reward)")
+        message = (f"no such path: {request.url.path} (paths: /v1/chat/completions, /v1/responses, /v1/models, "
+                   "/drmas/v1/episodes, /drmas/v1/episodes/{id}/reward)")
     else:
         message = f"{request.method} is not allowed on {request.url.path}"
     return _error(api.ApiError(exc.status_code, message, headers=exc.headers))

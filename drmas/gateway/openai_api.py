@@ -13,9 +13,11 @@ template, `drmas.core.tool_calls`) with `tool_choice` auto or none, `max_tokens`
 does), `n` (up to `MAX_N` choices, each a sample); `temperature`, `top_p` and `seed` only with `system.sampling:
 request` (by default the agent's configured sampling decides, so training explores and evaluation samples as
 configured). A reply's tool calls are parsed by `system.tool_parser` into the message's `tool_calls` (finish
-reason `tool_calls`). Refused with a clear error: `stream: true`, a forced `tool_choice` (required or a named
-function: it needs constrained decoding), the legacy `functions`, `logprobs`, non-zero penalties,
-`logit_bias`, non-text content. Unknown fields are ignored, as OpenAI-compatible servers do.
+reason `tool_calls`). `stream: true` is answered as server-sent chunks (`drmas.gateway.sse`). Refused with a clear
+error: a forced `tool_choice` (required or a named function: it needs constrained decoding), the legacy
+`functions`, `logprobs`, non-zero penalties, `logit_bias`, non-text content. Unknown fields are ignored, as
+OpenAI-compatible servers do. The Responses API's requests are decoded in `drmas.gateway.responses_api` into the
+same `ChatCall`, with the helpers here.
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ class ChatRequest(msgspec.Struct):
     seed: Optional[int] = None
     user: Optional[str] = None
     stream: Optional[bool] = None
+    stream_options: Optional[dict[str, Any]] = None
     logprobs: Optional[bool] = None
     frequency_penalty: Optional[float] = None
     presence_penalty: Optional[float] = None
@@ -140,6 +143,8 @@ class ChatCall:
     n: int
     user: Optional[str]
     tools: Optional[list[dict]] = None  # OpenAI's function definitions, for the chat template
+    stream: bool = False  # answer as server-sent events (the reply is generated and recorded whole all the same)
+    stream_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
 
 
 class RewardRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -161,13 +166,8 @@ class _ClaimRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 def decode_chat(body: bytes, agents: Sequence[str], honour_sampling: bool) -> ChatCall:
     """Decode and check a chat completion request (ApiError naming the parameter)."""
-    req = _decode(body, ChatRequest)
-    if req.model not in agents:
-        raise ApiError(HTTPStatus.NOT_FOUND, f"The model `{req.model}` does not exist: the models are this run's "
-                       f"agents ({', '.join(agents)})", param="model", code="model_not_found")
-    if req.stream:
-        raise bad_request("stream=true is not supported by the drmas gateway: call without streaming (the whole "
-                          "reply comes back at once)", "stream", "unsupported_parameter")
+    req = decode(body, ChatRequest)
+    check_model(req.model, agents)
     for key, what in _UNSUPPORTED.items():
         if getattr(req, key) not in (None, [], {}):
             raise bad_request(f"{what} is not supported by the drmas gateway ({key})", key, "unsupported_parameter")
@@ -184,27 +184,44 @@ def decode_chat(body: bytes, agents: Sequence[str], honour_sampling: bool) -> Ch
     if not 1 <= n <= MAX_N:
         raise bad_request(f"n must be 1 to {MAX_N}, got {n}", "n")
     stop = _stop_strings(req.stop)
-    sampling: dict = {"stop": stop} if stop else {}
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    sampling = sampling_of(max_tokens, req.temperature, req.top_p, req.seed, honour_sampling, "max_tokens")
+    if stop:
+        sampling["stop"] = stop
+    tools = [(t.type, t.function.name, t.function.description, t.function.parameters) for t in req.tools or []]
+    usage = bool(req.stream and (req.stream_options or {}).get("include_usage"))
+    return ChatCall(req.model, _messages(req.messages), sampling, stop, n, req.user,
+                    function_tools(tools, req.tool_choice), bool(req.stream), usage)
+
+
+def check_model(model: str, agents: Sequence[str]) -> None:
+    if model not in agents:
+        raise ApiError(HTTPStatus.NOT_FOUND, f"The model `{model}` does not exist: the models are this run's "
+                       f"agents ({', '.join(agents)})", param="model", code="model_not_found")
+
+
+def sampling_of(max_tokens: Optional[int], temperature: Optional[float], top_p: Optional[float],
+                seed: Optional[int], honour_sampling: bool, max_tokens_param: str) -> dict:
+    """`AgentTurn.sampling` of a request: its token cap, and its temperature, top_p and seed where the run honours
+    them (system.sampling: request); each checked against OpenAI's ranges."""
+    sampling: dict = {}
     if max_tokens is not None:
         if max_tokens < 1:
-            raise bad_request(f"max_tokens must be >= 1, got {max_tokens}", "max_tokens")
+            raise bad_request(f"{max_tokens_param} must be >= 1, got {max_tokens}", max_tokens_param)
         sampling["max_new_tokens"] = max_tokens  # capped by the agent's max_new_tokens where it is applied
-    if req.temperature is not None and not (math.isfinite(req.temperature) and 0 <= req.temperature <= 2):
-        raise bad_request(f"temperature must be 0 to 2, got {req.temperature}", "temperature")
-    if req.top_p is not None and not (math.isfinite(req.top_p) and 0 < req.top_p <= 1):
-        raise bad_request(f"top_p must be > 0 and <= 1, got {req.top_p}", "top_p")
+    if temperature is not None and not (math.isfinite(temperature) and 0 <= temperature <= 2):
+        raise bad_request(f"temperature must be 0 to 2, got {temperature}", "temperature")
+    if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise bad_request(f"top_p must be > 0 and <= 1, got {top_p}", "top_p")
     if honour_sampling:
-        for key in ("temperature", "top_p"):
-            if getattr(req, key) is not None:
-                sampling[key] = getattr(req, key)
-        if req.seed is not None:
-            sampling["seed"] = req.seed % 2**63
-    return ChatCall(req.model, _messages(req.messages), sampling, stop, n, req.user, _tools(req))
+        sampling.update({k: v for k, v in (("temperature", temperature), ("top_p", top_p)) if v is not None})
+        if seed is not None:
+            sampling["seed"] = seed % 2**63
+    return sampling
 
 
 def decode_reward(body: bytes) -> RewardRequest:
-    req = _decode(body, RewardRequest)
+    req = decode(body, RewardRequest)
     if req.reward is None and req.answer is None:
         raise bad_request("give the episode's `reward`, or its final `answer` for drmas to grade with the task",
                           "reward")
@@ -218,10 +235,10 @@ def decode_reward(body: bytes) -> RewardRequest:
 
 def decode_claim(body: bytes) -> None:
     if body.strip():
-        _decode(body, _ClaimRequest)
+        decode(body, _ClaimRequest)
 
 
-def _decode(body: bytes, kind: type) -> Any:
+def decode(body: bytes, kind: type) -> Any:
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
@@ -240,22 +257,23 @@ def _stop_strings(stop: Union[str, list[str], None]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(strings))
 
 
-def _tools(req: ChatRequest) -> Optional[list[dict]]:
-    """The request's function definitions as the chat template takes them (None: none, or tool_choice none)."""
-    choice = req.tool_choice
+def function_tools(tools: Sequence[tuple[str, str, Optional[str], Optional[dict]]],
+                   choice: Union[str, dict, None]) -> Optional[list[dict]]:
+    """A request's function definitions, (type, name, description, parameters) each, as the chat template takes
+    them (None: none, or tool_choice none)."""
     if choice not in (None, "auto", "none"):
         raise bad_request(f"tool_choice {choice!r} is not supported by the drmas gateway (auto or none: forcing a call "
                           "needs constrained decoding)", "tool_choice", "unsupported_parameter")
-    if not req.tools or choice == "none":
+    if not tools or choice == "none":
         return None
-    if len(req.tools) > MAX_TOOLS:
-        raise bad_request(f"at most {MAX_TOOLS} tools, got {len(req.tools)}", "tools")
+    if len(tools) > MAX_TOOLS:
+        raise bad_request(f"at most {MAX_TOOLS} tools, got {len(tools)}", "tools")
     out = []
-    for i, tool in enumerate(req.tools):
-        if tool.type != "function" or not tool.function.name:
+    for i, (kind, name, description, parameters) in enumerate(tools):
+        if kind != "function" or not name:
             raise bad_request(f"tools[{i}]: only function tools with a name are supported", "tools")
-        function = {"name": tool.function.name, "description": tool.function.description or "",
-                    "parameters": tool.function.parameters or {"type": "object", "properties": {}}}
+        function = {"name": name, "description": description or "",
+                    "parameters": parameters or {"type": "object", "properties": {}}}
         out.append({"type": "function", "function": function})
     return out
 
@@ -282,15 +300,19 @@ def _messages(messages: list[_Message]) -> list[dict]:
 
 
 def _call(call: _ToolCall, i: int, j: int) -> dict:
+    return tool_call_entry(call.id or "", call.function.name, call.function.arguments,
+                           f"messages[{i}].tool_calls[{j}].function.arguments", "messages")
+
+
+def tool_call_entry(call_id: str, name: str, arguments: str, where: str, param: str) -> dict:
     """An assistant's earlier tool call as chat templates take it (arguments as an object)."""
-    where = f"messages[{i}].tool_calls[{j}].function.arguments"
     try:
-        arguments = json.loads(call.function.arguments) if call.function.arguments.strip() else {}
+        parsed = json.loads(arguments) if arguments.strip() else {}
     except ValueError as exc:
-        raise bad_request(f"{where} is not JSON: {exc}", "messages") from None
-    if not isinstance(arguments, dict):
-        raise bad_request(f"{where} must be a JSON object", "messages")
-    return {"id": call.id or "", "type": "function", "function": {"name": call.function.name, "arguments": arguments}}
+        raise bad_request(f"{where} is not JSON: {exc}", param) from None
+    if not isinstance(parsed, dict):
+        raise bad_request(f"{where} must be a JSON object", param)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": parsed}}
 
 
 def _text(content: Union[str, list[_Part], None], i: int) -> str:
@@ -328,7 +350,7 @@ def completion(completion_id: str, call: ChatCall, replies: Sequence[Reply], mod
 
 def _choice(index: int, reply: Reply, call: ChatCall, tool_parser: Optional[ToolParser]) -> dict:
     """One choice; with tools offered, the reply's calls in `tool_calls` and the finish reason `tool_calls`."""
-    text = _cut(reply.text, call.stop)
+    text = cut_at_stop(reply.text, call.stop)
     content, calls = tool_parser(text) if call.tools and tool_parser is not None else (text, [])
     if not calls:
         message = {"role": "assistant", "content": text}
@@ -338,7 +360,7 @@ def _choice(index: int, reply: Reply, call: ChatCall, tool_parser: Optional[Tool
             "logprobs": None}
 
 
-def _cut(text: str, stops: tuple[str, ...]) -> str:
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
     """The content up to the first of the request's stop strings (OpenAI leaves them out; drmas trains on them)."""
     cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
     return text[:cut]
