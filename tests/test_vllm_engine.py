@@ -229,3 +229,25 @@ def test_a_held_engine_gets_nothing_new_until_released_and_an_interrupt_redoes_t
     plain_runner, _ = _math_runner(engine, barrier=False)
     plain = [[(s.agent, s.response_ids.tolist()) for s in r.samples] for r in plain_runner.run(requests)]
     assert seen["interrupted"] and interrupted == plain and engine.in_progress() == 0
+
+
+def test_a_constrained_reply_validates_and_its_logprobs_are_the_constrained_distributions(engine, tiny_model_dir):
+    """vLLM's structured outputs under a drmas constraint: the replies follow the schema, and the recorded
+    log-probs are those of the constrained distribution (the embedded engine's, tests/test_constrained_decoding.py)."""
+    import json
+
+    from constrained_replay import constrained_logprobs
+    from drmas.core.constraints import Constraint
+
+    schema = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["approve", "reject"]},
+                                               "sure": {"type": "boolean"}},
+              "required": ["verdict", "sure"], "additionalProperties": False}
+    constraint = Constraint.json_schema(schema)
+    generations = engine.generate([PROMPT] * 3, [SamplingParams(1.0, 1.0, 48, seed=s, constraint=constraint)
+                                                 for s in range(3)])
+    model, tokenizer = load_model(tiny_model_dir)
+    for generation in generations:
+        assert json.loads(generation.text)["verdict"] in ("approve", "reject"), generation.text
+        under, _ = constrained_logprobs(model, tokenizer, PROMPT, generation.token_ids, 1.0, constraint,
+                                        {tokenizer.eos_token_id})
+        assert under.tolist() == pytest.approx(generation.logprobs, abs=1e-4)

@@ -37,7 +37,10 @@ registers components by name; a config then chooses them like the built-ins:
 * **tool-call parsers** (`TOOL_PARSERS`: a reply's text -> its content and `ParsedCall`s), for models whose
   template writes calls in another format than the built-in `hermes`. An agent is offered functions by
   `AgentTurn(..., tools=[...])` (OpenAI's definitions, rendered by the chat template). "Tool" in drmas means
-  this, the functions a model calls; what the driver batches for an orchestra is a service.
+  this, the functions a model calls; what the driver batches for an orchestra is a service. A parser's format
+  can also be forced (`tool_choice` required through the gateway) when a grammar for it is registered under the
+  same name (`TOOL_CALL_GRAMMARS`: (tools, tool_choice, parallel) -> a `Constraint`, e.g. an xgrammar
+  structural tag; docs/gateway.md).
 
 Settings classes are dataclasses subclassing `SystemSettings` / `TaskSettings`, every field declared with
 `help_field(default, help)`, checks in `problems(where)` (see `Section`; `at_least` and `one_of` help), so
@@ -94,7 +97,8 @@ from drmas.mas.base import (
     ServiceCall,
     TurnResult,
 )
-from drmas.core.tool_calls import TOOL_PARSERS, ParsedCall
+from drmas.core.constraints import Constraint
+from drmas.core.tool_calls import TOOL_CALL_GRAMMARS, TOOL_PARSERS, ParsedCall
 from drmas.retrieval.base import Hit, Passage, Retriever
 from drmas.retrieval.factory import RETRIEVERS
 from drmas.tasks import TASKS
@@ -116,12 +120,13 @@ __all__ = [
     "SystemSettings", "TaskSettings", "Section", "help_field",
     # the registries (each `.register(name[, settings=...])` is the decorator; ENGINES' also takes traits=)
     "ORCHESTRAS", "AGENT_ROLES", "TASKS", "ENGINES", "RETRIEVERS", "TOOL_PARSERS",
+    "TOOL_CALL_GRAMMARS",
     # the algorithm's parts: an advantage estimator (batch, context) -> one advantage per call, a policy loss
     # (inputs, algorithm section) -> LossOutput; ALL is the running statistics' key pooling every agent
     "ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "AdvantageBatch", "EstimatorContext", "LossInputs", "LossOutput",
     "masked_mean", "ALL",
     # tool calling: an AgentTurn's `tools` are rendered by the chat template; a parser finds a reply's calls
-    "ParsedCall",
+    "ParsedCall", "Constraint",
     # the code-execution sandbox (a service) and its settings
     "SandboxService", "SandboxRequest", "SandboxResult", "AssertService", "AssertRequest", "AssertReport",
     "SandboxConfig",

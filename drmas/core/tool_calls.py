@@ -13,6 +13,8 @@ calls in a format the template taught it. So drmas does two things, on either si
   folds earlier calls and results into text the template can render.
 * a tool-call parser (registry `TOOL_PARSERS`, `system.tool_parser` of the external system): the reply's text
   -> its content and its calls. Built in: `hermes`, the format of the templates above and of the fallback.
+* for a forced call (`tool_choice` required or a named function), the grammar of that parser's format
+  (registry `TOOL_CALL_GRAMMARS`, under the parser's name): the engine then decodes only such calls.
 
 Training is untouched by either: a sample's prompt is the rendered ids and its response the tokens the engine
 sampled, call syntax included, so a malformed call is the model's own mistake to be rewarded as the program
@@ -27,6 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from drmas.core.constraints import Constraint
 from drmas.core.registry import Registry
 
 
@@ -45,6 +48,11 @@ class ParsedCall:
 
 ToolParser = Callable[[str], "tuple[str, list[ParsedCall]]"]  # reply text -> (content, calls)
 TOOL_PARSERS: Registry[ToolParser] = Registry("tool parser")
+
+# (offered tools as OpenAI's function tools, tool_choice "required" or {"type": "function", "function": {"name"}},
+# parallel_tool_calls) -> the constraint under which the reply is only such calls
+ToolGrammar = Callable[[Sequence[dict], Any, bool], Constraint]
+TOOL_CALL_GRAMMARS: Registry[ToolGrammar] = Registry("tool call grammar")
 
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -66,6 +74,18 @@ def parse_hermes(text: str) -> tuple[str, list[ParsedCall]]:
         end = match.end()
     kept.append(text[end:])
     return "".join(kept).strip() if calls else text, calls
+
+
+@TOOL_CALL_GRAMMARS.register("hermes")
+def hermes_calls(tools: Sequence[dict], choice: Any, parallel: bool) -> Constraint:
+    """Only `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` blocks of the offered functions (or of
+    the named one), their arguments following each function's schema: xgrammar's structural tag of the Qwen 3
+    format, which is Hermes' (reasoning blocks left out)."""
+    from xgrammar import get_model_structural_tag
+
+    tag = get_model_structural_tag("qwen_3", tools=[dict(t) for t in tools], tool_choice=choice, reasoning="disabled",
+                                   parallel_tool_calls=parallel, max_whitespace_cnt=1)
+    return Constraint("structural_tag", tag.model_dump_json())
 
 
 def _call_of(body: str) -> Optional[ParsedCall]:

@@ -22,6 +22,8 @@ from typing import Iterable, Protocol, Sequence, runtime_checkable
 
 import torch
 
+from drmas.core.constraints import Constraint
+
 
 @dataclass(frozen=True)
 class EngineAbilities:
@@ -45,6 +47,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # generation ends once the decoded response contains one (it is kept)
     seed: int | None = None  # per-request seed; None draws from the engine's generator
     adapter: str = ""  # the LoRA adapter of the engine's model that samples it ('' = the model itself)
+    constraint: Constraint | None = None  # what the response must be (constrained decoding): drmas.core.constraints
 
 
 @dataclass

@@ -24,7 +24,7 @@ host already knows (which rows are greedy or truncated, which finished) is never
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -45,6 +45,7 @@ class Row:
     start: int = 0  # KV-cache column of its first prompt token
     alive: bool = True
     stopped: bool = False  # ended by EOS or a stop string (else by its length cap)
+    matcher: Any = None  # its grammar's matcher under a constraint (drmas.engines.grammar)
 
 
 class StopStrings:

@@ -32,6 +32,7 @@ import torch
 from drmas.models.devices import exact_float32
 from drmas.engines.base import Generation, SamplingParams, check_request
 from drmas.engines.decode_batch import DecodeBatch, Row, StopStrings
+from drmas.engines.grammar import Grammars
 from drmas.engines.sampling import sample_tokens
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ class EmbeddedEngine:
         self._queue: deque[tuple[str, list[int], SamplingParams]] = deque()
         self._batch = DecodeBatch(self.model, self._pad_id, self._device, adapters=bool(self._adapters))
         self._stops = StopStrings(tokenizer)
+        self._grammars = Grammars(tokenizer, model.get_output_embeddings().weight.shape[0], self._eos_ids)
         self._ready: list[tuple[str, Generation]] = []  # finished without decoding (max_new_tokens = 0)
 
     @classmethod
@@ -221,6 +223,8 @@ class EmbeddedEngine:
         check_request(prompt, params, self._max_positions, "model's positions")
         if params.adapter:
             self._adapter_state(params.adapter)
+        if params.constraint is not None:
+            self._grammars.compile(params.constraint)  # refused here, with why, rather than in a decode step
 
     def _enqueue(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         if params.max_new_tokens == 0:
@@ -254,17 +258,22 @@ class EmbeddedEngine:
             batch.forward()
             if joining:
                 batch.join([prompt for _, prompt, _ in joining],
-                           [Row(rid, p, torch.Generator().manual_seed(p.seed) if p.seed is not None else None)
+                           [Row(rid, p, torch.Generator().manual_seed(p.seed) if p.seed is not None else None,
+                                matcher=self._grammars.matcher(p.constraint) if p.constraint else None)
                             for rid, _, p in joining])
             if not batch.alive:
                 batch.clear()
                 return done
+            constrained = [(i, row.matcher) for i, row in enumerate(batch.rows) if row.alive and row.matcher]
+            if constrained:
+                self._grammars.mask(batch.logits, constrained)
             for row, (token, logprob) in zip(batch.rows, batch.sample(self._uniforms)):
                 if not row.alive:
                     continue
                 row.tokens.append(token)
                 row.logprobs.append(logprob)
-                row.stopped = token in self._eos_ids or self._stops.hit(row)
+                row.stopped = token in self._eos_ids or self._stops.hit(row) or (
+                    row.matcher is not None and self._grammars.advance(row.matcher, token))
                 if row.stopped or len(row.tokens) >= row.params.max_new_tokens:
                     row.alive = False
                     done.append((row.request_id, self._generation(row)))

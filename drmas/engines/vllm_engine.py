@@ -49,11 +49,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence
 
 import msgspec
 import torch
 
+from drmas.core.constraints import Constraint
 from drmas.engines.base import Generation, SamplingParams, check_request
 from drmas.weights.chunks import Layout
 from drmas.weights.rollout.member import PairSpec
@@ -129,6 +130,10 @@ class VLLMEngine:
             args = {**_CPU_DEFAULTS, **args}
         if adapters:
             args = {**_lora_args(model_id, adapters), **args}
+        if "structured_outputs_config" not in args:  # constraints compact, as the embedded engine's (xgrammar)
+            from vllm.config import StructuredOutputsConfig
+
+            args["structured_outputs_config"] = StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
         _tolerate_foreign_namespaces()
         threads = torch.get_num_threads()
         self.model_id = model_id
@@ -291,6 +296,7 @@ class VLLMEngine:
             temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_new_tokens, seed=p.seed,
             stop=list(p.stop), include_stop_str_in_output=True, logprobs=0, skip_special_tokens=False,
             output_kind=RequestOutputKind.FINAL_ONLY, ignore_eos=self._ignore_eos,
+            structured_outputs=_structured_outputs(p.constraint),
         )
 
     # ---------------------------------------------------------------------------------- request level
@@ -402,3 +408,15 @@ def _eos_ids(llm, tokenizer) -> set[int]:
         ids.update([eos] if isinstance(eos, int) else eos)
     return ids
 
+
+def _structured_outputs(constraint: Optional[Constraint]):
+    """vLLM's structured outputs for a drmas constraint (compact, as the engine's structured_outputs_config asks).
+    vLLM applies the grammar's bitmask to the logits before its sampler, so its processed log-probs are those of
+    the constrained distribution, as the embedded engine's."""
+    if constraint is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if constraint.kind == "structural_tag":
+        return StructuredOutputsParams(structural_tag=constraint.spec)
+    return StructuredOutputsParams(json=constraint.spec if constraint.kind == "json_schema" else '{"type": "object"}')

@@ -27,16 +27,16 @@ def turn_sampling(params: SamplingParams, own: Optional[Mapping[str, object]], s
     return dataclasses.replace(params, seed=zlib.crc32(f"{seed}:{call}".encode()))
 
 
-_OVERRIDABLE = ("temperature", "top_p", "max_new_tokens", "stop", "seed")
+_OVERRIDABLE = ("temperature", "top_p", "max_new_tokens", "stop", "seed", "constraint")
 
 
 def _overridden(params: SamplingParams, own: Mapping[str, object]) -> SamplingParams:
-    """`params` under a turn's own sampling: temperature, top_p and seed replace, stop strings add, and
+    """`params` under a turn's own sampling: temperature, top_p, seed and a constraint replace, stop strings add, and
     max_new_tokens is capped by the agent's (the config bounds every response)."""
     unknown = sorted(set(own) - set(_OVERRIDABLE))
     if unknown:
         raise ValueError(f"AgentTurn.sampling: unknown keys {unknown} (known: {', '.join(_OVERRIDABLE)})")
-    changes = {key: own[key] for key in ("temperature", "top_p", "seed") if own.get(key) is not None}
+    changes = {key: own[key] for key in ("temperature", "top_p", "seed", "constraint") if own.get(key) is not None}
     if own.get("max_new_tokens") is not None:
         changes["max_new_tokens"] = min(int(own["max_new_tokens"]), params.max_new_tokens)  # type: ignore[arg-type]
     if own.get("stop"):

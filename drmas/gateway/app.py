@@ -38,7 +38,7 @@ from starlette.routing import Route
 from drmas.gateway import openai_api as api
 from drmas.gateway import responses_api, sse
 from drmas.gateway.inbox import Call, End, Inbox
-from drmas.core.tool_calls import ToolParser
+from drmas.core.tool_calls import ToolGrammar, ToolParser
 from drmas.runtime.http import RequestError, read_body
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,8 @@ class AppSettings:
     honour_sampling: bool  # system.sampling == "request"
     claim_wait_s: float
     tool_parser: Optional[ToolParser] = None  # system.tool_parser: a reply's text -> content and tool calls
+    tool_grammar: Optional[ToolGrammar] = None  # the grammar of its calls, for a forced tool_choice (None: refused)
+    parser_name: str = "hermes"
 
 
 def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
@@ -106,7 +108,8 @@ def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
 
     @guarded
     async def chat(request: Request) -> Response:
-        call = api.decode_chat(await body(request), agents, settings.honour_sampling)
+        call = api.decode_chat(await body(request), agents, settings.honour_sampling, settings.tool_grammar,
+                               settings.parser_name)
         episode_id = _episode(request, call.user)
         completion_id = api.new_completion_id()
         replies = await generate(episode_id, completion_id, call)
@@ -119,7 +122,8 @@ def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
     async def responses(request: Request) -> Response:
         req = responses_api.decode_responses(await body(request), agents)
         episode_id = _episode(request, req.user)
-        given = responses_api.prepare(req, episode_id, stored, settings.honour_sampling)
+        given = responses_api.prepare(req, episode_id, stored, settings.honour_sampling, settings.tool_grammar,
+                                      settings.parser_name)
         response_id = responses_api.new_response_id()
         replies = await generate(episode_id, response_id, given.call)
         answer, assistant = responses_api.response(response_id, given, replies[0], settings.agents[given.call.agent],

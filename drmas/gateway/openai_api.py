@@ -13,9 +13,10 @@ template, `drmas.core.tool_calls`) with `tool_choice` auto or none, `max_tokens`
 does), `n` (up to `MAX_N` choices, each a sample); `temperature`, `top_p` and `seed` only with `system.sampling:
 request` (by default the agent's configured sampling decides, so training explores and evaluation samples as
 configured). A reply's tool calls are parsed by `system.tool_parser` into the message's `tool_calls` (finish
-reason `tool_calls`). `stream: true` is answered as server-sent chunks (`drmas.gateway.sse`). Refused with a clear
-error: a forced `tool_choice` (required or a named function: it needs constrained decoding), the legacy
-`functions`, `logprobs`, non-zero penalties, `logit_bias`, non-text content. Unknown fields are ignored, as
+reason `tool_calls`). `stream: true` is answered as server-sent chunks (`drmas.gateway.sse`); `response_format`
+json_schema / json_object and a forced `tool_choice` (required or a named function) are decoded under a grammar
+(`drmas.gateway.structured`). Refused with a clear error: the legacy `functions`, `logprobs`, non-zero penalties,
+`logit_bias`, non-text content. Unknown fields are ignored, as
 OpenAI-compatible servers do. The Responses API's requests are decoded in `drmas.gateway.responses_api` into the
 same `ChatCall`, with the helpers here.
 """
@@ -34,7 +35,10 @@ from typing import Any, Optional, Sequence, Union
 import msgspec
 
 from drmas.core.sample import STORABLE, storable
-from drmas.core.tool_calls import ToolParser
+from drmas.core.constraints import Constraint
+from drmas.core.tool_calls import ToolGrammar, ToolParser
+from drmas.gateway import structured
+from drmas.gateway.errors import ApiError, bad_request
 from drmas.mas.base import Reply
 
 MAX_N = 8  # choices per call: each is a sample, generated one after another (see docs/gateway.md)
@@ -46,23 +50,6 @@ _UNSUPPORTED = {  # request field -> why it is refused when set
     "functions": "the legacy function calling (use tools)", "function_call": "the legacy function calling (use tools)",
     "logit_bias": "logit_bias", "audio": "audio output", "prediction": "predicted outputs",
 }
-
-
-class ApiError(Exception):
-    """A refused request: its HTTP status and OpenAI's error object."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: Optional[str] = None,
-                 code: Optional[str] = None, headers: Optional[dict[str, str]] = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = int(status), message, type, param, code
-        self.headers = headers
-
-    def payload(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad_request(message: str, param: Optional[str] = None, code: Optional[str] = None) -> ApiError:
-    return ApiError(HTTPStatus.BAD_REQUEST, message, param=param, code=code)
 
 
 # ---- requests -----------------------------------------------------------------------------------------------
@@ -125,6 +112,7 @@ class ChatRequest(msgspec.Struct):
     response_format: Any = None
     tools: Optional[list[_Tool]] = None
     tool_choice: Union[str, dict, None] = None
+    parallel_tool_calls: Optional[bool] = None
     functions: Any = None
     function_call: Any = None
     logit_bias: Any = None
@@ -164,8 +152,10 @@ class _ClaimRequest(msgspec.Struct, forbid_unknown_fields=True):
     """The body of POST /drmas/v1/episodes: empty, or `{}` (nothing to choose yet)."""
 
 
-def decode_chat(body: bytes, agents: Sequence[str], honour_sampling: bool) -> ChatCall:
-    """Decode and check a chat completion request (ApiError naming the parameter)."""
+def decode_chat(body: bytes, agents: Sequence[str], honour_sampling: bool, grammar: Optional[ToolGrammar] = None,
+                parser: str = "hermes") -> ChatCall:
+    """Decode and check a chat completion request (ApiError naming the parameter); `grammar`: the tool call grammar
+    of the run's tool parser `parser`, for a forced tool_choice."""
     req = decode(body, ChatRequest)
     check_model(req.model, agents)
     for key, what in _UNSUPPORTED.items():
@@ -177,9 +167,6 @@ def decode_chat(body: bytes, agents: Sequence[str], honour_sampling: bool) -> Ch
     for key in ("frequency_penalty", "presence_penalty"):
         if getattr(req, key):
             raise bad_request(f"{key} is not supported by the drmas gateway (only 0)", key, "unsupported_parameter")
-    if isinstance(req.response_format, dict) and req.response_format.get("type", "text") != "text":
-        raise bad_request("response_format other than text is not supported by the drmas gateway",
-                          "response_format", "unsupported_parameter")
     n = 1 if req.n is None else req.n
     if not 1 <= n <= MAX_N:
         raise bad_request(f"n must be 1 to {MAX_N}, got {n}", "n")
@@ -188,10 +175,23 @@ def decode_chat(body: bytes, agents: Sequence[str], honour_sampling: bool) -> Ch
     sampling = sampling_of(max_tokens, req.temperature, req.top_p, req.seed, honour_sampling, "max_tokens")
     if stop:
         sampling["stop"] = stop
-    tools = [(t.type, t.function.name, t.function.description, t.function.parameters) for t in req.tools or []]
+    tools = function_tools([(t.type, t.function.name, t.function.description, t.function.parameters)
+                            for t in req.tools or []], req.tool_choice)
+    constraint = constrained(structured.output_format(req.response_format, "response_format", "json_schema"),
+                             structured.forced_calls(tools, req.tool_choice, grammar, parser,
+                                                     req.parallel_tool_calls is not False))
+    if constraint is not None:
+        sampling["constraint"] = constraint
     usage = bool(req.stream and (req.stream_options or {}).get("include_usage"))
-    return ChatCall(req.model, _messages(req.messages), sampling, stop, n, req.user,
-                    function_tools(tools, req.tool_choice), bool(req.stream), usage)
+    return ChatCall(req.model, _messages(req.messages), sampling, stop, n, req.user, tools, bool(req.stream), usage)
+
+
+def constrained(output: Optional[Constraint], calls: Optional[Constraint]) -> Optional[Constraint]:
+    """The one constraint of a request: its output format's or its forced tool calls' (not both)."""
+    if output is not None and calls is not None:
+        raise bad_request("a forced tool_choice and a JSON output format cannot both constrain one reply",
+                          "tool_choice")
+    return output or calls
 
 
 def check_model(model: str, agents: Sequence[str]) -> None:
@@ -260,10 +260,7 @@ def _stop_strings(stop: Union[str, list[str], None]) -> tuple[str, ...]:
 def function_tools(tools: Sequence[tuple[str, str, Optional[str], Optional[dict]]],
                    choice: Union[str, dict, None]) -> Optional[list[dict]]:
     """A request's function definitions, (type, name, description, parameters) each, as the chat template takes
-    them (None: none, or tool_choice none)."""
-    if choice not in (None, "auto", "none"):
-        raise bad_request(f"tool_choice {choice!r} is not supported by the drmas gateway (auto or none: forcing a call "
-                          "needs constrained decoding)", "tool_choice", "unsupported_parameter")
+    them (None: none, or tool_choice none; a forcing tool_choice is `drmas.gateway.structured`'s)."""
     if not tools or choice == "none":
         return None
     if len(tools) > MAX_TOOLS:

@@ -8,12 +8,12 @@ parser found.
 
 What is honoured: `input` (a string, or items: messages with text parts, `function_call` and
 `function_call_output`), `instructions` (a system message first), `tools` (function tools) with `tool_choice`
-auto or none, `max_output_tokens` (capped by the agent's `max_new_tokens`), `previous_response_id` (the stored
+auto, none, required or a named function (`drmas.gateway.structured`), `text.format` text, json_object or
+json_schema (decoded under its grammar), `max_output_tokens` (capped by the agent's `max_new_tokens`), `previous_response_id` (the stored
 conversation of an earlier response of the same episode; `store: false` stores nothing), `temperature`/`top_p`
 under `system.sampling: request`, `stream` (`drmas.gateway.sse`). A reply cut by the token cap is `incomplete`
 with `incomplete_details.reason = "max_output_tokens"`, as OpenAI answers. Refused with a clear error: items of
-other types (images, files, hosted tools, reasoning, item references), a forced `tool_choice` and a `text.format`
-other than text (both need constrained decoding), `background`, `conversation`. Unknown fields are ignored.
+other types (images, files, hosted tools, reasoning, item references), `background`, `conversation`, `prompt`. Unknown fields are ignored.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from typing import Any, Optional, Sequence, Union
 
 import msgspec
 
-from drmas.core.tool_calls import ToolParser
-from drmas.gateway.openai_api import (ApiError, ChatCall, bad_request, check_model, decode,
+from drmas.core.tool_calls import ToolGrammar, ToolParser
+from drmas.gateway import structured
+from drmas.gateway.openai_api import (ApiError, ChatCall, bad_request, check_model, constrained, decode,
                                       function_tools, sampling_of, tool_call_entry)
 from drmas.mas.base import Reply
 
@@ -136,15 +137,13 @@ def decode_responses(body: bytes, agents: Sequence[str]) -> ResponsesRequest:
     for key, what in _REFUSED.items():
         if getattr(req, key):
             raise bad_request(f"{what} are not supported by the drmas gateway ({key})", key, "unsupported_parameter")
-    text_format = (req.text or {}).get("format") or {"type": "text"}
-    if not isinstance(text_format, dict) or text_format.get("type") != "text":
-        raise bad_request("text.format other than text is not supported by the drmas gateway", "text",
-                          "unsupported_parameter")
     return req
 
 
-def prepare(req: ResponsesRequest, episode: str, store: ResponseStore, honour_sampling: bool) -> ResponsesCall:
-    """The call of `episode` a decoded request makes: its conversation continues `previous_response_id`'s."""
+def prepare(req: ResponsesRequest, episode: str, store: ResponseStore, honour_sampling: bool,
+            grammar: Optional[ToolGrammar] = None, parser: str = "hermes") -> ResponsesCall:
+    """The call of `episode` a decoded request makes: its conversation continues `previous_response_id`'s; a
+    forced tool_choice is decoded under `grammar`, the tool call grammar of the run's tool parser `parser`."""
     history = store.conversation(req.previous_response_id, episode) if req.previous_response_id else []
     history += _items(req.input)
     if not history:
@@ -153,22 +152,21 @@ def prepare(req: ResponsesRequest, episode: str, store: ResponseStore, honour_sa
     tools = [(t.type, t.name or "", t.description, t.parameters) for t in req.tools or []]
     sampling = sampling_of(req.max_output_tokens, req.temperature, req.top_p, None, honour_sampling,
                            "max_output_tokens")
-    call = ChatCall(req.model, messages, sampling, (), 1, req.user, function_tools(tools, _choice(req.tool_choice)),
-                    bool(req.stream))
+    offered = function_tools(tools, req.tool_choice)
+    text_format = (req.text or {}).get("format")
+    constraint = constrained(structured.output_format(text_format, "text.format", ""),
+                             structured.forced_calls(offered, req.tool_choice, grammar, parser,
+                                                     req.parallel_tool_calls is not False))
+    if constraint is not None:
+        sampling["constraint"] = constraint
+    call = ChatCall(req.model, messages, sampling, (), 1, req.user, offered, bool(req.stream))
     echo = {"instructions": req.instructions, "tools": [msgspec.to_builtins(t) for t in req.tools or []],
             "tool_choice": req.tool_choice or "auto", "temperature": req.temperature, "top_p": req.top_p,
             "max_output_tokens": req.max_output_tokens, "previous_response_id": req.previous_response_id,
             "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
-            "metadata": req.metadata or {}, "text": {"format": {"type": "text"}}, "user": req.user,
+            "metadata": req.metadata or {}, "text": {"format": text_format or {"type": "text"}}, "user": req.user,
             "store": req.store is not False}
     return ResponsesCall(call, history, echo, req.store is not False)
-
-
-def _choice(choice: Union[str, dict, None]) -> Union[str, dict, None]:
-    """The Responses API's tool_choice as chat's (a named function is {"type": "function", "name"} here)."""
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    return choice
 
 
 def _items(given: Union[str, list[_InputItem]]) -> list[dict]:

@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 from drmas.config.systems import PROGRAM_VARIABLES, ExternalSettings
 from drmas.gateway.app import EPISODE_HEADER, AppSettings, build_app
 from drmas.gateway.inbox import Inbox
-from drmas.core.tool_calls import TOOL_PARSERS
+from drmas.core.tool_calls import TOOL_CALL_GRAMMARS, TOOL_PARSERS
 from drmas.runtime.http import HttpService
 from drmas.runtime.netsec import is_loopback_host
 
@@ -60,7 +60,9 @@ class GatewayService:
         app = build_app(inbox, AppSettings(
             agents=dict(agents), token=self.token, require_token=self.require_token,
             max_body_bytes=settings.max_request_kb * 1024, honour_sampling=settings.sampling == "request",
-            claim_wait_s=settings.claim_wait_s, tool_parser=TOOL_PARSERS.lookup(settings.tool_parser, "system.tool_parser")))
+            claim_wait_s=settings.claim_wait_s, tool_parser=TOOL_PARSERS.lookup(settings.tool_parser, "system.tool_parser"),
+            tool_grammar=TOOL_CALL_GRAMMARS.get(settings.tool_parser) if settings.tool_parser in TOOL_CALL_GRAMMARS
+            else None, parser_name=settings.tool_parser))
         self._http = HttpService(app, settings.host, settings.port, "drmas gateway")
         self._agents = list(agents)
 
