@@ -10,8 +10,11 @@ process: driver, engine, HTTP server thread; plus the program's process; a figur
 than the rates) and the share of calls whose tokens were the same on both paths (the gateway reproduces the
 in-process system call for call; batches differ, so a rare token may too).
 
+`--stream`: the program streams every call (`stream=True`, bench/gateway_streamed_program.py: the example with its
+chunks joined back into the reply), so the gateway path is measured with server-sent answers.
+
     python bench/gateway.py [--config examples/openai_agents/config.yaml] [--episodes 64] [--in-flight 16]
-                            [--rounds 3] [key=value ...]      (e.g. models.policy.tiny.hidden_size=512)
+                            [--rounds 3] [--stream] [key=value ...]      (e.g. models.policy.tiny.hidden_size=512)
 """
 
 from __future__ import annotations
@@ -67,11 +70,14 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=64, help="episodes per round and path")
     parser.add_argument("--in-flight", type=int, default=16, help="episodes live at once (the program's threads)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--stream", action="store_true", help="the program streams its calls (server-sent events)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     group = 4
     overrides = [f"system.workdir={ROOT / 'examples' / 'openai_agents'}", f"rollout.group_size={group}",
                  f"pipeline.groups_in_flight={max(args.in_flight // group, 1)}", *args.overrides]
+    if args.stream:
+        overrides.append(f'system.command=["python", "{ROOT / "bench" / "gateway_streamed_program.py"}"]')
     cfg = assembly.load_config(args.config, overrides)
     inside_cfg = assembly.load_config(args.config, [*overrides, "system.name=math"])
     if cfg.trainer.threads > 0:
@@ -123,7 +129,8 @@ def main() -> None:
           f"gateway / in-process = {gateway_rate / inside_rate:.2f}x (goal >= 0.8x); "
           f"median CPU per episode: in-process {1000 * inside_cpu:.0f} ms, gateway {1000 * gateway_cpu:.0f} ms "
           f"(program included): in-process / gateway = {inside_cpu / gateway_cpu:.2f}x; "
-          f"identical calls {same}/{calls}; torch threads {torch.get_num_threads()}")
+          f"identical calls {same}/{calls}; torch threads {torch.get_num_threads()}; "
+          f"{'streamed' if args.stream else 'not streamed'}")
 
 
 if __name__ == "__main__":

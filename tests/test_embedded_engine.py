@@ -196,3 +196,48 @@ def test_top_p_restricts_to_nucleus_but_logprob_uses_full_distribution() -> None
     assert set(tokens.tolist()) == {0, 1}  # 0.5 < 0.7 needs the second token; nothing more
     assert abs((tokens == 0).float().mean().item() - 0.5 / 0.8) < 0.05
     assert torch.allclose(logps, probs.log()[tokens], atol=1e-6)
+
+
+def _chi_square_p(tokens: list[int], expected: torch.Tensor) -> tuple[float, int]:
+    """Pearson's chi-square goodness of fit of `tokens` to the distribution `expected`: tokens expected >= 5 times
+    are their own bins, the rest one bin. Returns (p-value, bins)."""
+    counts = torch.bincount(torch.tensor(tokens), minlength=expected.numel()).double()
+    want = expected.double() * len(tokens)
+    own = want >= 5
+    observed = torch.cat([counts[own], counts[~own].sum().view(1)])
+    wanted = torch.cat([want[own], want[~own].sum().view(1)])
+    statistic = float(((observed - wanted) ** 2 / wanted.clamp(min=1e-12)).sum())
+    dof = len(wanted) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(statistic / 2))), len(wanted)
+
+
+def test_sampled_tokens_follow_the_tempered_and_truncated_softmax_in_one_mixed_batch(tiny_model):
+    """The sampler draws from softmax(logits / T), truncated to the top-p nucleus, row by row: 2000 one-token samples
+    per setting, the settings mixed in the same batches, fit the distribution computed from the model's logits
+    (chi-square p > 0.001; seeded, so the outcome is fixed), and the same test rejects a 20% temperature error.
+    The tiny model's head is sharpened so that its distribution has bins to test."""
+    model, tokenizer = tiny_model
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(6.0)
+    engine = EmbeddedEngine("tiny", model, tokenizer, max_batch_size=64, seed=0)
+    prompt = tokenizer.encode("The answer is")
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1].double()
+
+    def distribution(temperature: float, top_p: float) -> torch.Tensor:
+        p = torch.softmax(logits / temperature, -1)
+        ordered, order = p.sort(descending=True)
+        kept = torch.zeros_like(p)
+        kept[order[(ordered.cumsum(0) - ordered) < top_p]] = 1.0
+        return p * kept / (p * kept).sum()
+
+    settings = [(0.6, 1.0), (0.55, 1.0), (0.6, 0.8)]
+    n = 2000
+    params = [SamplingParams(*settings[i % 3][:2], max_new_tokens=1) for i in range(3 * n)]
+    tokens = [g.token_ids[0] for g in engine.generate([prompt] * len(params), params)]
+    for k, (temperature, top_p) in enumerate(settings):
+        drawn = tokens[k::3]
+        p_value, bins = _chi_square_p(drawn, distribution(temperature, top_p))
+        assert p_value > 1e-3 and bins >= 3, (temperature, top_p, p_value, bins)
+        wrong, _ = _chi_square_p(drawn, distribution(temperature * 0.8, top_p))
+        assert wrong < 1e-6, (temperature, top_p, wrong)
