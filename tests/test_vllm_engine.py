@@ -243,9 +243,10 @@ def test_a_constrained_reply_validates_and_its_logprobs_are_the_constrained_dist
                                                "sure": {"type": "boolean"}},
               "required": ["verdict", "sure"], "additionalProperties": False}
     constraint = Constraint.json_schema(schema)
+    model, tokenizer = load_model(tiny_model_dir)  # served as they are (another test may have pushed others)
+    engine.load_weights(((n, p.detach()) for n, p in model.named_parameters()), version=engine.version + 1)
     generations = engine.generate([PROMPT] * 3, [SamplingParams(1.0, 1.0, 48, seed=s, constraint=constraint)
                                                  for s in range(3)])
-    model, tokenizer = load_model(tiny_model_dir)
     for generation in generations:
         assert json.loads(generation.text)["verdict"] in ("approve", "reject"), generation.text
         under, _ = constrained_logprobs(model, tokenizer, PROMPT, generation.token_ids, 1.0, constraint,
