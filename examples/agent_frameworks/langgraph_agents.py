@@ -2,7 +2,7 @@
 agents through its gateway.
 
 As any LangGraph program: a graph whose solver node is a `ChatOpenAI` with `bind_tools`, streamed (`streaming=True`),
-a `ToolNode` that runs its `add` calls and loops back, and a verifier node whose `ChatOpenAI` (on the Responses
+a `ToolNode` that runs its `add` calls and loops back (at most MAX_CALLS solver calls), and a verifier node whose `ChatOpenAI` (on the Responses
 API) answers `with_structured_output` of a pydantic model (the gateway decodes it under its JSON schema). Around it,
 drmas' episode loop: POST $DRMAS_EPISODES_URL hands out a problem and its id (sent with every model call as the
 X-Drmas-Episode header), POST $DRMAS_EPISODES_URL/<id>/reward ends it with the solver's answer, which drmas grades;
@@ -15,7 +15,7 @@ import re
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal, Optional
+from typing import Literal
 
 import httpx
 from langchain_core.messages import HumanMessage, SystemMessage
@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 EPISODES = os.environ["DRMAS_EPISODES_URL"]
 HEADER = os.environ.get("DRMAS_EPISODE_HEADER", "X-Drmas-Episode")
+MAX_CALLS = int(os.environ.get("MAX_CALLS", "3"))  # solver calls per episode: then the verifier checks what it has
 SYSTEM = "Solve the math question. Call add for sums, then give the final number in \\boxed{}."
 
 
@@ -42,7 +43,6 @@ class Verdict(BaseModel):
 
 class State(MessagesState):
     question: str
-    verdict: Optional[str]
 
 
 def recording(ids: list) -> httpx.Client:
@@ -51,9 +51,10 @@ def recording(ids: list) -> httpx.Client:
         lambda response: ids.append(response.headers.get("x-drmas-completion-id"))]})
 
 
-def graph(episode: str, solver_ids: list, verifier_ids: list):
+def graph(episode: str, solver_ids: list, verifier_ids: list, verdicts: list):
     """The episode's graph: its models send the episode id with every call (OPENAI_BASE_URL and OPENAI_API_KEY
-    point at the gateway) and record their calls' ids."""
+    point at the gateway) and record their calls' ids; the verifier's parsed verdicts (None: did not parse) go to
+    `verdicts` as they come (a run that fails afterwards, at the recursion limit, keeps them)."""
     headers = {HEADER: episode}
     solver = ChatOpenAI(model="solver", streaming=True, default_headers=headers, max_retries=0,
                         http_client=recording(solver_ids)).bind_tools([add])
@@ -69,14 +70,21 @@ def graph(episode: str, solver_ids: list, verifier_ids: list):
         checked = judge.invoke(f"Question: {state['question']}\nProposed answer: {answer}\n"
                                "Approve the answer if it is right, else reject it.")
         parsed = checked["parsed"]
-        return {"verdict": parsed.verdict if parsed else None, "messages": []}
+        verdicts.append(parsed)
+        if parsed is None:
+            print(f"verifier reply did not parse: {checked['parsing_error']}: {checked['raw'].content!r}", flush=True)
+        return {"messages": []}
 
     built = StateGraph(State)
     built.add_node("solver", solve)
     built.add_node("tools", ToolNode([add]))
     built.add_node("verifier", verify)
     built.add_edge(START, "solver")
-    built.add_conditional_edges("solver", tools_condition, {"tools": "tools", END: "verifier"})
+    def route(state: State) -> str:
+        calls = sum(m.type == "ai" for m in state["messages"])
+        return "tools" if tools_condition(state) == "tools" and calls < MAX_CALLS else "verifier"
+
+    built.add_conditional_edges("solver", route, ["tools", "verifier"])
     built.add_edge("tools", "solver")
     built.add_edge("verifier", END)
     return built.compile()
@@ -92,16 +100,17 @@ def post(url: str, body: dict) -> dict:
 def episode() -> None:
     claim = post(EPISODES, {})
     question = claim["problem"]["question"]
-    start = {"messages": [SystemMessage(SYSTEM), HumanMessage(question)], "question": question, "verdict": None}
-    solver_ids, verifier_ids = [], []
+    start = {"messages": [SystemMessage(SYSTEM), HumanMessage(question)], "question": question}
+    solver_ids, verifier_ids, verdicts = [], [], []
     try:
-        final = graph(claim["id"], solver_ids, verifier_ids).invoke(start, {"recursion_limit": 8})
-    except Exception as exc:  # too many tool rounds, a failed call: the episode ends without an answer
+        final = graph(claim["id"], solver_ids, verifier_ids, verdicts).invoke(start, {"recursion_limit": 4 * MAX_CALLS})
+    except Exception as exc:  # a failed call: the episode ends without an answer
         print(f"episode {claim['id']} failed: {type(exc).__name__}: {exc}", flush=True)
-        final = {"messages": [], "verdict": None}
+        final = {"messages": []}
     replies = [m for m in final["messages"] if m.type == "ai"]
     answer = replies[-1].content if replies and not replies[-1].tool_calls else ""
-    invalid = ([] if re.search(r"\\boxed\{", answer) else solver_ids[-1:]) + ([] if final["verdict"] else verifier_ids)
+    invalid = [] if re.search(r"\\boxed\{", answer) else solver_ids[-1:]
+    invalid += [call for call, verdict in zip(verifier_ids, verdicts) if verdict is None]
     post(f"{EPISODES}/{claim['id']}/reward", {"answer": answer, "invalid_calls": [i for i in invalid if i]})
 
 
