@@ -20,13 +20,11 @@ def constrained_logprobs(model, tokenizer, prompt: list[int], response: list[int
     grammars = Grammars(tokenizer, vocab, stop_ids)
     matcher = grammars.matcher(constraint)
     masked = logits.clone()
-    bitmask = xgrammar.allocate_token_bitmask(1, vocab)
+    bitmask = xgrammar.allocate_token_bitmask(len(response), vocab)
     for position, token in enumerate(response):
-        matcher.fill_next_token_bitmask(bitmask, 0)
-        bits = (bitmask[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
-        allowed = bits.bool().reshape(-1)[:vocab]
-        masked[position] = masked[position].masked_fill(~allowed, float("-inf"))
+        matcher.fill_next_token_bitmask(bitmask, position)
         assert matcher.accept_token(token), f"token {token} at {position} is not allowed by the grammar"
+    xgrammar.apply_token_bitmask_inplace(masked, bitmask)
     index = torch.tensor(response).unsqueeze(-1)
     under = torch.log_softmax(masked / temperature, dim=-1).gather(-1, index).squeeze(-1)
     free = torch.log_softmax(logits / temperature, dim=-1).gather(-1, index).squeeze(-1)

@@ -6,8 +6,8 @@ allowed tokens and renormalised, and its recorded log-prob is under that constra
 sampler's `log_softmax` of the masked logits); the sampled token then advances the row's matcher (`advance`).
 Once the grammar is complete only the end-of-sequence tokens are allowed, so a constrained reply ends as a
 complete value (or at its token cap). JSON is compact (no whitespace, `,` and `:` alone), as vLLM writes it with
-drmas' settings, so both engines decode one grammar. Compiled grammars are cached per constraint (programs send the same
-schema over and over); a constraint that does not compile is refused when the request is submitted.
+drmas' settings, so both engines decode one grammar. Compiled grammars are cached per constraint (programs send
+the same schema over and over); a constraint that does not compile is refused when the request is submitted.
 """
 
 from __future__ import annotations
@@ -40,9 +40,8 @@ class Grammars:
                 return self._compiled[constraint]
             compiler = self._compiler or self._new_compiler()
             try:
-                if constraint.kind in ("json_schema", "json_object"):  # compact JSON, as vLLM's (drmas.engines.vllm_engine)
-                    spec = constraint.spec if constraint.kind == "json_schema" else '{"type": "object"}'
-                    grammar = compiler.compile_json_schema(spec, any_whitespace=False, separators=(",", ":"))
+                if constraint.kind == "json_schema":  # compact JSON, as vLLM's (drmas.engines.vllm_engine)
+                    grammar = compiler.compile_json_schema(constraint.spec, any_whitespace=False, separators=(",", ":"))
                 else:
                     grammar = compiler.compile_structural_tag(constraint.spec)
             except Exception as exc:  # xgrammar raises RuntimeError / InvalidJSONError / its own kinds
@@ -62,13 +61,11 @@ class Grammars:
         """Set the logits of tokens each (row index, matcher) may not sample next to -inf, in place."""
         import xgrammar
 
-        bitmask = xgrammar.allocate_token_bitmask(len(rows), self._vocab_size)
-        for k, (_, matcher) in enumerate(rows):
-            matcher.fill_next_token_bitmask(bitmask, k)
-        bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # int32 words, low bit first
-        allowed = bits.bool().reshape(len(rows), -1)[:, :logits.shape[-1]].to(logits.device, non_blocking=True)
-        index = torch.tensor([i for i, _ in rows], device=logits.device)
-        logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        bitmask = xgrammar.allocate_token_bitmask(logits.shape[0], self._vocab_size)  # rows not listed: untouched
+        for i, matcher in rows:
+            matcher.fill_next_token_bitmask(bitmask, i)
+        xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
+                                             indices=[i for i, _ in rows])
 
     @staticmethod
     def advance(matcher: Any, token: int) -> bool:

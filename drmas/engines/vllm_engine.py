@@ -419,4 +419,4 @@ def _structured_outputs(constraint: Optional[Constraint]):
 
     if constraint.kind == "structural_tag":
         return StructuredOutputsParams(structural_tag=constraint.spec)
-    return StructuredOutputsParams(json=constraint.spec if constraint.kind == "json_schema" else '{"type": "object"}')
+    return StructuredOutputsParams(json=constraint.spec)

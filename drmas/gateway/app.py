@@ -95,9 +95,7 @@ def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
     @guarded
     async def get_model(request: Request) -> dict:
         agent = request.path_params["agent"]
-        if agent not in settings.agents:
-            raise api.ApiError(HTTPStatus.NOT_FOUND, f"The model `{agent}` does not exist: the models are this run's "
-                               f"agents ({', '.join(agents)})", param="model", code="model_not_found")
+        api.check_model(agent, agents)
         return api.model(agent)
 
     async def generate(episode_id: str, call_id: str, call: api.ChatCall) -> list:
@@ -129,7 +127,7 @@ def build_app(inbox: Inbox, settings: AppSettings) -> Starlette:
         answer, assistant = responses_api.response(response_id, given, replies[0], settings.agents[given.call.agent],
                                                    settings.tool_parser)
         if given.store:
-            stored.put(response_id, episode_id, given.call.agent, given.history + [assistant])
+            stored.put(response_id, episode_id, given.history + [assistant])
         if given.call.stream:
             return sse.stream_response(answer, completion_headers(response_id))
         return _json(HTTPStatus.OK, answer, completion_headers(response_id))

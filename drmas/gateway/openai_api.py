@@ -16,9 +16,8 @@ configured). A reply's tool calls are parsed by `system.tool_parser` into the me
 reason `tool_calls`). `stream: true` is answered as server-sent chunks (`drmas.gateway.sse`); `response_format`
 json_schema / json_object and a forced `tool_choice` (required or a named function) are decoded under a grammar
 (`drmas.gateway.structured`). Refused with a clear error: the legacy `functions`, `logprobs`, non-zero penalties,
-`logit_bias`, non-text content. Unknown fields are ignored, as
-OpenAI-compatible servers do. The Responses API's requests are decoded in `drmas.gateway.responses_api` into the
-same `ChatCall`, with the helpers here.
+`logit_bias`, non-text content. Unknown fields are ignored, as OpenAI-compatible servers do. The Responses API's
+requests are decoded in `drmas.gateway.responses_api` into the same `ChatCall`, with the helpers here.
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ from typing import Any, Optional, Sequence, Union
 import msgspec
 
 from drmas.core.sample import STORABLE, storable
-from drmas.core.constraints import Constraint
-from drmas.core.tool_calls import ToolGrammar, ToolParser
+from drmas.core.tool_calls import ParsedCall, ToolGrammar, ToolParser
 from drmas.gateway import structured
 from drmas.gateway.errors import ApiError, bad_request
 from drmas.mas.base import Reply
@@ -177,21 +175,12 @@ def decode_chat(body: bytes, agents: Sequence[str], honour_sampling: bool, gramm
         sampling["stop"] = stop
     tools = function_tools([(t.type, t.function.name, t.function.description, t.function.parameters)
                             for t in req.tools or []], req.tool_choice)
-    constraint = constrained(structured.output_format(req.response_format, "response_format", "json_schema"),
-                             structured.forced_calls(tools, req.tool_choice, grammar, parser,
-                                                     req.parallel_tool_calls is not False))
+    constraint = structured.constraint_of(req.response_format, "response_format", "json_schema", tools,
+                                          req.tool_choice, grammar, parser, req.parallel_tool_calls is not False)
     if constraint is not None:
         sampling["constraint"] = constraint
     usage = bool(req.stream and (req.stream_options or {}).get("include_usage"))
     return ChatCall(req.model, _messages(req.messages), sampling, stop, n, req.user, tools, bool(req.stream), usage)
-
-
-def constrained(output: Optional[Constraint], calls: Optional[Constraint]) -> Optional[Constraint]:
-    """The one constraint of a request: its output format's or its forced tool calls' (not both)."""
-    if output is not None and calls is not None:
-        raise bad_request("a forced tool_choice and a JSON output format cannot both constrain one reply",
-                          "tool_choice")
-    return output or calls
 
 
 def check_model(model: str, agents: Sequence[str]) -> None:
@@ -348,13 +337,18 @@ def completion(completion_id: str, call: ChatCall, replies: Sequence[Reply], mod
 def _choice(index: int, reply: Reply, call: ChatCall, tool_parser: Optional[ToolParser]) -> dict:
     """One choice; with tools offered, the reply's calls in `tool_calls` and the finish reason `tool_calls`."""
     text = cut_at_stop(reply.text, call.stop)
-    content, calls = tool_parser(text) if call.tools and tool_parser is not None else (text, [])
+    content, calls = split_calls(text, call, tool_parser)
     if not calls:
         message = {"role": "assistant", "content": text}
     else:
         message = {"role": "assistant", "content": content or None, "tool_calls": [c.openai() for c in calls]}
     return {"index": index, "message": message, "finish_reason": "tool_calls" if calls else reply.finish_reason,
             "logprobs": None}
+
+
+def split_calls(text: str, call: ChatCall, tool_parser: Optional[ToolParser]) -> tuple[str, list[ParsedCall]]:
+    """A reply's content and tool calls: parsed when the call offered tools, else all content."""
+    return tool_parser(text) if call.tools and tool_parser is not None else (text, [])
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> str:

@@ -30,8 +30,8 @@ import msgspec
 
 from drmas.core.tool_calls import ToolGrammar, ToolParser
 from drmas.gateway import structured
-from drmas.gateway.openai_api import (ApiError, ChatCall, bad_request, check_model, constrained, decode,
-                                      function_tools, sampling_of, tool_call_entry)
+from drmas.gateway.openai_api import (ApiError, ChatCall, bad_request, check_model, decode, function_tools,
+                                      sampling_of, split_calls, tool_call_entry)
 from drmas.mas.base import Reply
 
 STORED_RESPONSES = 4096  # responses kept for previous_response_id (oldest forgotten first)
@@ -95,7 +95,6 @@ class ResponsesCall:
 @dataclass(frozen=True)
 class _Stored:
     episode: str
-    agent: str
     messages: list[dict]
 
 
@@ -107,9 +106,9 @@ class ResponseStore:
         self._capacity = capacity
         self._lock = threading.Lock()
 
-    def put(self, response_id: str, episode: str, agent: str, messages: list[dict]) -> None:
+    def put(self, response_id: str, episode: str, messages: list[dict]) -> None:
         with self._lock:
-            self._items[response_id] = _Stored(episode, agent, messages)
+            self._items[response_id] = _Stored(episode, messages)
             while len(self._items) > self._capacity:
                 self._items.popitem(last=False)
 
@@ -154,9 +153,8 @@ def prepare(req: ResponsesRequest, episode: str, store: ResponseStore, honour_sa
                            "max_output_tokens")
     offered = function_tools(tools, req.tool_choice)
     text_format = (req.text or {}).get("format")
-    constraint = constrained(structured.output_format(text_format, "text.format", ""),
-                             structured.forced_calls(offered, req.tool_choice, grammar, parser,
-                                                     req.parallel_tool_calls is not False))
+    constraint = structured.constraint_of(text_format, "text.format", "", offered, req.tool_choice, grammar, parser,
+                                          req.parallel_tool_calls is not False)
     if constraint is not None:
         sampling["constraint"] = constraint
     call = ChatCall(req.model, messages, sampling, (), 1, req.user, offered, bool(req.stream))
@@ -219,8 +217,7 @@ def response(response_id: str, given: ResponsesCall, reply: Reply, model_id: str
              tool_parser: Optional[ToolParser]) -> tuple[dict, dict]:
     """The response object of `reply`, and the assistant message it adds to the conversation (stored for a later
     `previous_response_id`)."""
-    text = reply.text
-    content, calls = tool_parser(text) if given.call.tools and tool_parser is not None else (text, [])
+    content, calls = split_calls(reply.text, given.call, tool_parser)
     output: list[dict] = []
     assistant: dict = {"role": "assistant", "content": content}
     incomplete = reply.finish_reason == "length" and not calls

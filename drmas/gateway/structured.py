@@ -16,6 +16,18 @@ from drmas.core.tool_calls import ToolGrammar
 from drmas.gateway.errors import bad_request
 
 
+def constraint_of(fmt: Any, param: str, schema_of: str, tools: Optional[list[dict]], choice: Any,
+                  grammar: Optional[ToolGrammar], parser: str, parallel: bool) -> Optional[Constraint]:
+    """The one constraint of a request: its output format's (`output_format`) or its forced tool calls'
+    (`forced_calls`), not both (None: neither)."""
+    output = output_format(fmt, param, schema_of)
+    calls = forced_calls(tools, choice, grammar, parser, parallel)
+    if output is not None and calls is not None:
+        raise bad_request("a forced tool_choice and a JSON output format cannot both constrain one reply",
+                          "tool_choice")
+    return output or calls
+
+
 def output_format(fmt: Any, param: str, schema_of: str) -> Optional[Constraint]:
     """The constraint of a requested output format (None: plain text). `schema_of`: where the format keeps its
     schema (`json_schema` for chat's response_format; "" for the Responses API's text.format, flat)."""
