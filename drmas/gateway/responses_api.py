@@ -158,13 +158,14 @@ def prepare(req: ResponsesRequest, episode: str, store: ResponseStore, honour_sa
     if constraint is not None:
         sampling["constraint"] = constraint
     call = ChatCall(req.model, messages, sampling, (), 1, req.user, offered, bool(req.stream))
+    store = req.store is not False
     echo = {"instructions": req.instructions, "tools": [msgspec.to_builtins(t) for t in req.tools or []],
             "tool_choice": req.tool_choice or "auto", "temperature": req.temperature, "top_p": req.top_p,
             "max_output_tokens": req.max_output_tokens, "previous_response_id": req.previous_response_id,
             "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
             "metadata": req.metadata or {}, "text": {"format": text_format or {"type": "text"}}, "user": req.user,
-            "store": req.store is not False}
-    return ResponsesCall(call, history, echo, req.store is not False)
+            "store": store}
+    return ResponsesCall(call, history, echo, store)
 
 
 def _items(given: Union[str, list[_InputItem]]) -> list[dict]:

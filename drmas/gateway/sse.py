@@ -16,10 +16,10 @@ then `response.completed`, or `response.incomplete` for a reply cut by the token
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Iterator, Mapping, Optional
+from typing import Iterator, Mapping, Optional
 
 import msgspec
-from starlette.responses import StreamingResponse
+from starlette.responses import Response
 
 
 def chat_chunks(completion: dict, include_usage: bool) -> Iterator[dict]:
@@ -69,22 +69,18 @@ def response_events(response: dict) -> Iterator[tuple[str, dict]]:
     yield ("response.incomplete" if response["status"] == "incomplete" else "response.completed"), {"response": response}
 
 
-def stream_chat(completion: dict, include_usage: bool, headers: Mapping[str, str]) -> StreamingResponse:
+def stream_chat(completion: dict, include_usage: bool, headers: Mapping[str, str]) -> Response:
     lines = [b"data: " + msgspec.json.encode(c) + b"\n\n" for c in chat_chunks(completion, include_usage)]
-    return _stream(lines + [b"data: [DONE]\n\n"], headers)
+    return _events(lines + [b"data: [DONE]\n\n"], headers)
 
 
-def stream_response(response: dict, headers: Mapping[str, str]) -> StreamingResponse:
+def stream_response(response: dict, headers: Mapping[str, str]) -> Response:
     lines = [f"event: {kind}\n".encode() + b"data: " + msgspec.json.encode({"type": kind, "sequence_number": n,
                                                                            **event}) + b"\n\n"
              for n, (kind, event) in enumerate(response_events(response))]
-    return _stream(lines, headers)
+    return _events(lines, headers)
 
 
-def _stream(lines: list[bytes], headers: Mapping[str, str]) -> StreamingResponse:
-    async def body() -> AsyncIterator[bytes]:
-        for line in lines:
-            yield line
-
-    return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", **headers})
+def _events(lines: list[bytes], headers: Mapping[str, str]) -> Response:
+    """The whole event stream in one body: every event is known when it is sent."""
+    return Response(b"".join(lines), media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers})
