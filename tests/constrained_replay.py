@@ -10,6 +10,11 @@ import xgrammar
 from drmas.core.constraints import Constraint
 from drmas.engines.grammar import Grammars
 
+# a schema whose every value is short (an enum and a boolean): even a tiny random model completes it
+VERDICT = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["approve", "reject"]},
+                                            "sure": {"type": "boolean"}},
+           "required": ["verdict", "sure"], "additionalProperties": False}
+
 
 def constrained_logprobs(model, tokenizer, prompt: list[int], response: list[int], temperature: float,
                          constraint: Constraint, stop_ids) -> tuple[torch.Tensor, torch.Tensor]:

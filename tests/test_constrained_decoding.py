@@ -9,15 +9,12 @@ import json
 
 import pytest
 
-from constrained_replay import constrained_logprobs
+from constrained_replay import VERDICT, constrained_logprobs
 from drmas.core.constraints import Constraint
 from drmas.core.tool_calls import hermes_calls, parse_hermes
 from drmas.engines.base import SamplingParams
 from drmas.engines.embedded import EmbeddedEngine
 
-VERDICT = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["approve", "reject"]},
-                                            "sure": {"type": "boolean"}},
-           "required": ["verdict", "sure"], "additionalProperties": False}
 SWITCH = {"type": "function", "function": {"name": "switch", "description": "Turn a lamp on or off.", "parameters": {
     "type": "object", "properties": {"lamp": {"type": "string", "enum": ["desk", "hall"]}, "on": {"type": "boolean"}},
     "required": ["lamp", "on"], "additionalProperties": False}}}

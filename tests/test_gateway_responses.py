@@ -167,9 +167,6 @@ def test_streamed_tool_calls_and_cut_replies_as_the_client_reads_them():
     assert list(sse.response_events(cut.model_dump()))[-1][0] == "response.incomplete"
 
 
-VERDICT = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["approve", "reject"]},
-                                            "sure": {"type": "boolean"}},
-           "required": ["verdict", "sure"], "additionalProperties": False}
 SWITCH = {"type": "function", "name": "switch", "description": "Turn a lamp on or off.", "parameters": {
     "type": "object", "properties": {"lamp": {"type": "string", "enum": ["desk", "hall"]}, "on": {"type": "boolean"}},
     "required": ["lamp", "on"], "additionalProperties": False}}

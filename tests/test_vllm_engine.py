@@ -236,13 +236,10 @@ def test_a_constrained_reply_validates_and_its_logprobs_are_the_constrained_dist
     log-probs are those of the constrained distribution (the embedded engine's, tests/test_constrained_decoding.py)."""
     import json
 
-    from constrained_replay import constrained_logprobs
+    from constrained_replay import VERDICT, constrained_logprobs
     from drmas.core.constraints import Constraint
 
-    schema = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["approve", "reject"]},
-                                               "sure": {"type": "boolean"}},
-              "required": ["verdict", "sure"], "additionalProperties": False}
-    constraint = Constraint.json_schema(schema)
+    constraint = Constraint.json_schema(VERDICT)
     model, tokenizer = load_model(tiny_model_dir)  # served as they are (another test may have pushed others)
     engine.load_weights(((n, p.detach()) for n, p in model.named_parameters()), version=engine.version + 1)
     generations = engine.generate([PROMPT] * 3, [SamplingParams(1.0, 1.0, 48, seed=s, constraint=constraint)
