@@ -13,8 +13,11 @@ All ratios come from one run, both sides measured alternately on the same machin
 (b) learner step: `PolicyTrainer.update` on the same samples, the full model vs one adapter over the frozen base
     (forward and backward through the whole base either way; the adapter saves the base's gradients and AdamW
     state and the optimizer step over 135M parameters).
-(c) with --rss: peak RSS of a process holding what a 3-agent run holds (the engine and the trainers, one update
-    each, so gradients and AdamW state exist), three adapters on one base vs three full models (~7 GB).
+(c) with --rss (only): the learner processes of a 3-agent run in each layout, each process fresh and built by the
+    learner's own `learner_trainers` (heap setting included), `--reps` + 1 updates per model of 8 x 280 tokens:
+    one learner over the three adapters (issue 40's default), a learner per adapter (`learner_per_adapter: true`),
+    a full-model learner per agent. Peak RSS summed over the processes, median update seconds per model, push
+    bytes per adapter. Goal: one learner of 3 adapters <= 1.3x one adapter learner's RSS, updates no slower.
 (d) with --checkpointing: peak RSS of one adapter learner's update on quick-start-sized samples (8 x 280 tokens,
     one micro-batch of 8), `models.base.activation_checkpointing` true vs false, each in a fresh process with
     the learner's heap setting (`models.base.heap_mmap_threshold_kb`).
@@ -25,6 +28,7 @@ All ratios come from one run, both sides measured alternately on the same machin
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import resource
@@ -46,7 +50,7 @@ from drmas.core.sample import Sample  # noqa: E402
 from drmas.engines.base import AdapterSlot, SamplingParams  # noqa: E402
 from drmas.learner.heap import map_large_blocks  # noqa: E402
 from drmas.learner.policy import PolicyTrainer  # noqa: E402
-from drmas.learner.trainers import adapter_trainers  # noqa: E402
+from drmas.learner.trainers import adapter_trainers, learner_trainers  # noqa: E402
 from drmas.models.loading import load_model  # noqa: E402
 from drmas.weights import WeightReceiver, WeightSender  # noqa: E402
 
@@ -154,27 +158,77 @@ def steps(reps: int, full: PolicyTrainer, adapter: PolicyTrainer, samples: list[
     return out
 
 
-# ---- (c) memory of a 3-agent run ----------------------------------------------------------------------------
+# ---- (c) the learner processes of a 3-agent run ----------------------------------------------------------------
 
-def hold(kind: str, rank: int) -> None:
-    """Child: build what a 3-agent run holds, one update per trainer, print the peak RSS (MB)."""
-    cfg = config(rank, 3)
-    path = assembly.model_path(cfg, "base")
-    if kind == "adapters":
-        engine = assembly.build_engines(cfg, 0)["base"]
-        trainers, _ = adapter_trainers(cfg, [f"base/{a}" for a in AGENTS], CPU)
-        samples = samples_of(engine, "solver", 4)
-    else:
-        engines = [assembly.ENGINES.get("embedded")(f"m{i}", path) for i in range(3)]
-        trainers = [full_trainer(path) for _ in range(3)]
-        samples = samples_of(engines[0], "", 4)
-    for trainer in trainers:
-        trainer.update(samples, np.array([1.0, -1.0] * 2))
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+LAYOUTS = ("one learner", "learner per adapter", "full models")
 
 
-def rss(kind: str, rank: int) -> float:
-    return _child("--hold", kind, "--rank", str(rank))[0]
+def synthetic_samples(n: int = 8) -> list[Sample]:
+    """Quick-start-sized samples: `n` x (200 prompt + 80 response) tokens, in one micro-batch."""
+    rng = np.random.default_rng(0)
+    return [Sample(episode_id=f"e{i}", group_id="g", agent="solver", model="m", turn=0,
+                   prompt_ids=rng.integers(100, 40000, 200).tolist(), response_ids=rng.integers(100, 40000, 80).tolist(),
+                   behaviour_logprobs=np.full(80, -3.0, dtype=np.float32), policy_version=0, temperature=1.0,
+                   valid=True, reward=float(i % 2)) for i in range(n)]
+
+
+def learner(layout: str, rank: int, reps: int) -> None:
+    """Child: what one learner process of `layout` builds (`learner_trainers`, the learner's own code, heap setting
+    included), then `reps` + 1 updates per trained model in turn on the same samples (the first a warm-up); prints
+    a JSON line: peak RSS (MB), the median update seconds and the push bytes of each model it trains."""
+    cfg = config(rank, 3, "algorithm.micro_batch_size=8")
+    if layout == "one learner":
+        ids = [f"base/{a}" for a in AGENTS]
+    elif layout == "learner per adapter":
+        ids = ["base/solver"]
+    else:  # a full model's learner: the same SmolLM2 trained whole
+        cfg = config(rank, 3, "algorithm.micro_batch_size=8", "models.full.builtin=smollm2-135m-instruct",
+                     "agents.solver.model=full", "agents.verifier.model=full")
+        ids = ["full"]
+    trainers, _ = learner_trainers(cfg, ids, None, CPU)
+    samples, adv = synthetic_samples(), np.array([1.0, -1.0] * 4)
+    seconds: dict[str, list[float]] = {t.model_id: [] for t in trainers}
+    for rep in range(reps + 1):
+        for trainer in trainers:
+            start = time.perf_counter()
+            trainer.update(samples, adv)
+            if rep or not reps:
+                seconds[trainer.model_id].append(time.perf_counter() - start)
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "update_s": {m: statistics.median(v) for m, v in seconds.items()},
+                      "push_bytes": {t.model_id: sum(x.numel() * x.element_size() for _, x in t.named_tensors())
+                                     for t in trainers}}))
+
+
+def learners(rank: int, reps: int) -> dict[str, list[dict]]:
+    """Every learner process of each layout, one after another (3 agents: one process, or three)."""
+    out: dict[str, list[dict]] = {}
+    for layout in LAYOUTS:
+        processes = 1 if layout == "one learner" else len(AGENTS)
+        out[layout] = []
+        for i in range(processes):
+            print(f"  {layout}: process {i + 1} of {processes}", file=sys.stderr, flush=True)
+            line = _child_output("--learner", layout, "--rank", str(rank), "--reps", str(reps))
+            out[layout].append(json.loads(line))
+    return out
+
+
+def report_learners(runs: dict[str, list[dict]]) -> None:
+    one, per, full = (runs[k] for k in LAYOUTS)
+    rss = {k: sum(p["peak_rss_mb"] for p in v) for k, v in runs.items()}
+    step = {k: statistics.median(s for p in v for s in p["update_s"].values()) for k, v in runs.items()}
+    single = statistics.median(p["peak_rss_mb"] for p in per)
+    print("(c) learner processes of 3 agents, peak RSS (all processes) / median update per model:")
+    for k in LAYOUTS:
+        print(f"    {k:20s} {len(runs[k])} process(es)  {rss[k]:7.0f} MB  {step[k]:6.2f} s")
+    print(f"    one learner of 3 adapters / one adapter learner: {one[0]['peak_rss_mb'] / single:.2f}x RSS "
+          f"(goal <= 1.3x); / three adapter learners {rss[LAYOUTS[0]] / rss[LAYOUTS[1]]:.2f}x; / three full-model "
+          f"learners {rss[LAYOUTS[0]] / rss[LAYOUTS[2]]:.2f}x; update per adapter {step[LAYOUTS[0]] / step[LAYOUTS[1]]:.2f}x "
+          f"of an adapter learner's")
+    pushed = {m: b for p in one + per for m, b in p["push_bytes"].items()}
+    same = all(one[0]["push_bytes"][m] == b for p in per for m, b in p["push_bytes"].items())
+    print(f"    push bytes per adapter {sorted(set(pushed.values()))} (same in both layouts: {same}); a full model's "
+          f"{full[0]['push_bytes']['full'] / 1e6:.1f} MB; load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 # ---- (d) activation checkpointing of an adapter's learner ---------------------------------------------------
@@ -196,29 +250,40 @@ def update_peak(checkpointing: bool, rank: int) -> None:
     print(built, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def _child(*args: str) -> list[float]:
+def _child_output(*args: str) -> str:
+    """The last line a fresh process of this script prints (one measurement: its own peak RSS)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, __file__, *args, "--threads", str(torch.get_num_threads())],
-                          capture_output=True, text=True, env=env, check=True)
-    return [float(x) for x in done.stdout.strip().splitlines()[-1].split()]
+                          capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _child(*args: str) -> list[float]:
+    return [float(x) for x in _child_output(*args).split()]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--rss", action="store_true", help="(c): peak RSS of 3 adapters vs 3 full models (~7 GB)")
+    parser.add_argument("--rss", action="store_true",
+                        help="(c) only: the learner processes of 3 agents in each layout, peak RSS and update time")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of every process (1: on a shared, oversubscribed machine 2 threads "
                         "spin-wait on each other; a SmolLM2 forward took 6-10 s there instead of 0.5 s)")
     parser.add_argument("--checkpointing", action="store_true",
                         help="(d) only: an adapter learner's update peak RSS with and without activation checkpointing")
-    parser.add_argument("--hold", choices=("adapters", "full"), help=argparse.SUPPRESS)
+    parser.add_argument("--learner", choices=LAYOUTS, help=argparse.SUPPRESS)
     parser.add_argument("--update-peak", choices=("on", "off"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if args.hold:
-        hold(args.hold, args.rank)
+    if args.learner:
+        learner(args.learner, args.rank, args.reps)
+        return
+    if args.rss:
+        report_learners(learners(args.rank, args.reps))
         return
     if args.update_peak:
         update_peak(args.update_peak == "on", args.rank)
@@ -254,11 +319,6 @@ def main() -> None:
     fs, as_ = statistics.median(p["full"]), statistics.median(p["adapter"])
     print(f"(a) push: full {fb / 1e6:.1f} MB in {fs:.3f} s, adapter {ab / 1e6:.2f} MB in {as_:.3f} s -> "
           f"{ab / fb:.2%} of the bytes (goal <= 2%), {as_ / fs:.2%} of the time  (runs {p['full']} / {p['adapter']}; load {os.getloadavg()[0]:.1f})", flush=True)
-
-    if args.rss:
-        mem = {kind: rss(kind, args.rank) for kind in ("adapters", "full")}
-        print(f"(c) peak RSS of a 3-agent holding: adapters {mem['adapters']:.0f} MB, three full models "
-              f"{mem['full']:.0f} MB -> {mem['adapters'] / mem['full']:.2f}x; load {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

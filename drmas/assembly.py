@@ -24,6 +24,8 @@ import drmas.mas.search  # noqa: F401
 from drmas.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from drmas.config.derived import (  # noqa: F401
     engine_models,
+    learner_process_of,
+    learner_processes,
     model_config,
     model_ids,
     optim_config,

@@ -200,7 +200,7 @@ def test_pipeline_sections_take_nested_overrides():
         ("pipeline.ray.rollout_gpus=-1", "pipeline.ray.rollout_gpus"),
         ("pipeline.ray.object_store_mb=10", "pipeline.ray.object_store_mb"),
         ("pipeline.gpus.learners={policy: [0, 1]}", "pipeline.gpus.learners.policy: 2 GPU(s) for models.policy.ranks"),
-        ("pipeline.gpus.learners={nope: [0]}", "pipeline.gpus.learners.nope: 'nope' is not a trained model"),
+        ("pipeline.gpus.learners={nope: [0]}", "pipeline.gpus.learners.nope: 'nope' is not a learner process"),
         ("pipeline.gpus.rollouts=[0, 0]", "pipeline.gpus.rollouts: [0, 0] repeats a GPU"),
         ("pipeline.gpus.rollouts=[0, 1, 2]", "do not split into slices of pipeline.gpus.per_rollout=2"),
         ("pipeline.gpus.per_rollout=0", "pipeline.gpus.per_rollout"),

@@ -74,7 +74,7 @@ def test_the_learner_logs_running_reward_statistics_to_tensorboard_and_at_the_en
     producer = BufferProducer(buffer.producer_endpoint, "scripted", timeout_s=10)
     try:
         _send_groups(producer, steps, group_size)
-        with caplog.at_level(logging.INFO, logger="drmas.learner.worker"):
+        with caplog.at_level(logging.INFO, logger="drmas.learner"):
             assert LearnerWorker(cfg, "policy", StopFlag(install=False)).run() == steps
     finally:
         producer.close()
@@ -98,3 +98,86 @@ def test_a_learner_refuses_ranks_it_cannot_start_naming_the_key(tmp_path):
     cfg = read_config(SMOKE, ["pipeline.mode=async", "models.policy.ranks=2", f"trainer.output_dir={tmp_path}"])
     with pytest.raises(ValueError, match=r"models.policy.ranks=2"):
         LearnerWorker(cfg, "policy", StopFlag())
+
+
+# ---- one learner process for the adapters of a base: a lane per adapter ------------------------------------
+
+LORA = Path(__file__).resolve().parents[1] / "configs" / "smoke_lora.yaml"
+ADAPTERS = {"solver": "base/solver", "verifier": "base/verifier"}
+
+
+def _lora_config(out: Path, steps: int, *extra: str):
+    producer_port, consumer_port, *weights = free_ports(4)
+    return read_config(LORA, [
+        f"trainer.output_dir={out}", f"trainer.steps={steps}", "trainer.threads=1", "logging.tensorboard=false",
+        "models.base.tiny.prime_steps=0", "rollout.prompts_per_step=1", "rollout.group_size=4",
+        "trainer.checkpoint_interval=1",
+        f"pipeline.learner_ports={{base/solver: {weights[0]}, base/verifier: {weights[1]}}}",
+        f"pipeline.buffer.producer_endpoint=tcp://127.0.0.1:{producer_port}",
+        f"pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:{consumer_port}", *extra])
+
+
+def _train_adapters(cfg, first_group: int, n_groups: int, version: int = 0) -> int:
+    """`drmas-learner --model base` in this process against a real buffer fed `n_groups` scripted groups
+    (made by weights of `version`) whose solver and verifier calls carry different tokens; returns the
+    version reached."""
+    from drmas.learner.worker import LearnerWorker
+
+    buffer = TrajectoryBuffer(BufferConfig(producer_endpoint=cfg.pipeline.buffer.producer_endpoint,
+                                           consumer_endpoint=cfg.pipeline.buffer.consumer_endpoint),
+                              agent_models=ADAPTERS).start()
+    producer = BufferProducer(buffer.producer_endpoint, "scripted", timeout_s=10)
+    try:
+        for g in range(first_group, first_group + n_groups):
+            for e in range(4):
+                samples = [Sample(episode_id=f"g{g}-e{e}", group_id=f"g{g}", agent=agent, model=model, turn=turn,
+                                  prompt_ids=[5, 6, 7], response_ids=[8 + 10 * turn, 9 + 10 * turn],
+                                  behaviour_logprobs=[-2.0, -2.5], policy_version=version, temperature=1.0, valid=True,
+                                  reward=float((e + turn) % 2 == 0))
+                           for turn, (agent, model) in enumerate(ADAPTERS.items())]
+                producer.send_episode(f"g{g}", 4, f"g{g}-e{e}", samples)
+        producer.flush(timeout_s=10)
+        worker = LearnerWorker(cfg, "base", StopFlag(install=False))
+        assert [lane.model_id for lane in worker.lanes] == list(ADAPTERS.values())
+        assert worker.lanes[0].model is worker.lanes[1].model  # one copy of the base
+        return worker.run()
+    finally:
+        producer.close()
+        buffer.stop()
+
+
+def test_one_learner_trains_each_adapter_on_its_own_agents_groups_and_resumes_each(tmp_path, restore_logging):
+    from drmas.config.derived import learner_processes
+    from drmas.models import checkpoint
+    from drmas.runtime.metrics import read_metrics
+
+    out = tmp_path / "run"
+    cfg = _lora_config(out, 2)
+    assert learner_processes(cfg) == {"base": list(ADAPTERS.values())}
+    assert learner_processes(_lora_config(out, 2, "models.base.learner_per_adapter=true")) == {
+        m: [m] for m in ADAPTERS.values()}
+    assert _train_adapters(cfg, 0, 2) == 2
+    assert (out / "learner-base" / "process.log").is_file()  # the process's log; each lane's files its own
+    for agent, model in ADAPTERS.items():
+        other = next(a for a in ADAPTERS if a != agent)
+        rows = read_metrics(out / f"learner-{model}" / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [1, 2]
+        for r in rows:  # each lane's updates took its own agent's calls only: 4 per group
+            assert r[f"samples/{model}"] == 4 and f"reward/{agent}/mean" in r and f"reward/{other}/mean" not in r
+            assert r[f"memory/{model}/peak_rss_mb"] > 0 and r[f"time/{model}/update_seconds"] > 0
+        assert checkpoint.latest_checkpoint(out / f"learner-{model}").name == "step_2"
+
+    # the adapters' weights after the first run, then a resumed run of one more step each
+    from safetensors.torch import load_file
+
+    def adapter_weights(model: str, step: int) -> dict:
+        path = out / f"learner-{model}" / "checkpoints" / f"step_{step}" / model / "adapter_model.safetensors"
+        return load_file(path)
+
+    cfg = _lora_config(out, 3, "trainer.resume=true")
+    assert _train_adapters(cfg, 2, 1, version=2) == 3
+    for agent, model in ADAPTERS.items():
+        rows = read_metrics(out / f"learner-{model}" / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [1, 2, 3]  # went on from its own checkpoint at step 2
+        before, after = adapter_weights(model, 2), adapter_weights(model, 3)
+        assert before.keys() == after.keys() and any(not (before[k] == after[k]).all() for k in before)

@@ -217,7 +217,7 @@ def test_adapter_checkpoint_is_peft_format_resumes_and_serves(lora, tiny_model_d
     assert _max_diff(solver.logprobs(again), again) < 1e-4
 
 
-# ---- the async pipeline: two adapters, two learners, one engine per rollout ---------------------------------
+# ---- the async pipeline: two adapters, one learner, one engine per rollout ---------------------------------
 
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
@@ -229,6 +229,9 @@ def test_async_pipeline_trains_two_adapters_and_resumes_from_their_checkpoints(t
         done = run_cli([*base, f"trainer.steps={steps}", *extra], timeout=420)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rollout = read_metrics(out / "rollout-0" / "metrics.jsonl")
+    # one learner process for both adapters (models.base.learner_per_adapter: false), over one copy of the base
+    assert (out / "learner-base" / "process.log").is_file()
+    assert not (out / "learner-base" / "solver" / "process.log").exists()
     for agent in ("solver", "verifier"):
         model = f"base/{agent}"
         steps = read_metrics(out / f"learner-{model}" / "metrics.jsonl")

@@ -59,6 +59,27 @@ def trained_models(cfg: DrmasConfig) -> list[str]:
     return [m for m in model_ids(cfg) if model_config(cfg, m).trainable and trained_agents(cfg, m)]
 
 
+def learner_processes(cfg: DrmasConfig) -> dict[str, list[str]]:
+    """The learner processes of the run: process id -> the model ids it trains, in the order of
+    `trained_models`. A trained model is a process of its own (its id: the model id); so is each adapter
+    of a model with `learner_per_adapter`; otherwise the trained adapters of one model share one process over
+    one copy of the base, whose id is the model's key (`drmas-learner --model <key>`)."""
+    processes: dict[str, list[str]] = {}
+    for m in trained_models(cfg):
+        base, adapter = split_model(m)
+        shared = adapter is not None and not cfg.models[base].learner_per_adapter
+        processes.setdefault(base if shared else m, []).append(m)
+    return processes
+
+
+def learner_process_of(cfg: DrmasConfig, model_id: str) -> str:
+    """The id of the learner process that trains `model_id` (see `learner_processes`)."""
+    for process, ids in learner_processes(cfg).items():
+        if model_id in ids:
+            return process
+    raise KeyError(f"{model_id!r} is not a trained model ({', '.join(trained_models(cfg)) or 'none'})")
+
+
 def trained_agent_models(cfg: DrmasConfig) -> dict[str, str]:
     """Agent -> model id for every agent whose samples train a model: what the buffer queues and learners pull."""
     return {a: m for m in trained_models(cfg) for a in trained_agents(cfg, m)}

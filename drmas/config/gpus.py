@@ -12,8 +12,10 @@ from drmas.config.fields import help_field as _f
 @dataclass
 class GpuPlanConfig:
     learners: dict[str, list[int]] = _f(
-        {}, "Model id -> the GPUs of that model's learner, one per rank (models.<id>.ranks entries, in rank "
-        "order), e.g. {policy: [0, 1]}. A trained model left out sees every GPU (as without pipeline.gpus).")
+        {}, "Learner process -> its GPUs, one per rank (models.<id>.ranks entries, in rank order), e.g. "
+        "{policy: [0, 1]}. A learner process is a trained model's id, or for a model with adapters the model's key "
+        "(one process trains them all) or, with learner_per_adapter, <model>/<adapter>. A learner left out sees "
+        "every GPU (as without pipeline.gpus).")
     rollouts: list[int] = _f(
         [], "GPUs the rollout processes share out, per_rollout at a time (rollout i takes slice i, round robin). "
         "Empty: rollouts see every GPU. A GPU may be in a learner's list too (colocated; mind vLLM's "
@@ -26,7 +28,7 @@ class GpuPlanConfig:
 
 
 def check_plan(plan: GpuPlanConfig, ranks: Mapping[str, int], devices: Mapping[str, str], launcher: str) -> list[str]:
-    """What is wrong with `plan` for trained models with these `ranks` and `models.<id>.device`s, each
+    """What is wrong with `plan` for learner processes with these `ranks` and `models.<id>.device`s, each
     message naming its key (config-time checks; whether the GPUs exist is checked by `GpuAssignment`)."""
     errors: list[str] = []
     if plan.per_rollout < 1:
@@ -39,7 +41,7 @@ def check_plan(plan: GpuPlanConfig, ranks: Mapping[str, int], devices: Mapping[s
     for model, gpus in plan.learners.items():
         key = f"pipeline.gpus.learners.{model}"
         if model not in ranks:
-            errors.append(f"{key}: {model!r} is not a trained model ({', '.join(ranks) or 'none'})")
+            errors.append(f"{key}: {model!r} is not a learner process ({', '.join(ranks) or 'none'})")
             continue
         if len(gpus) != ranks[model]:
             errors.append(f"{key}: {len(gpus)} GPU(s) for models.{model}.ranks={ranks[model]}: give one per rank")

@@ -139,6 +139,13 @@ class ModelConfig:
         "adapter is trained (peft), with a learner, version, weight push and checkpoint of its own; every engine "
         "holds the base once and serves all its adapters. With adapters the base is frozen, held in the compute "
         "dtype (default: bfloat16 on CUDA, float32 on CPU), and agents cannot name the bare model. See docs/lora.md.")
+    learner_per_adapter: bool = _f(
+        False, "With adapters: one learner process per adapter, each holding its own copy of the frozen base "
+        "(the layout before one learner trained them all). false (default): one learner process trains every "
+        "adapter of this model over one copy of the base, each adapter with its own optimizer, version, "
+        "staleness bound, weight push and checkpoint, its updates taken in turn as its groups arrive. true "
+        "isolates the adapters (one failing or restarting learner leaves the others running) at a base's "
+        "memory per adapter. See docs/lora.md.")
     export_merged: bool = _f(
         False, "With adapters: every checkpoint also holds each adapter merged into the base, as a plain Hugging "
         "Face directory (<adapter>/merged/) that transformers and vLLM load without peft; a full model's disk per "

@@ -9,7 +9,7 @@ components are built (`drmas.assembly.check_components`), still before any proce
 
 from __future__ import annotations
 
-from drmas.config.derived import ADAPTER_SEP, model_config, model_ids, split_model, trained_models
+from drmas.config.derived import ADAPTER_SEP, learner_processes, model_config, model_ids, split_model
 from drmas.config.errors import ConfigError
 from drmas.config.gpus import check_plan
 from drmas.config.schema import (
@@ -95,10 +95,13 @@ def _check_adapters(cfg: DrmasConfig, where: str, m: ModelConfig, errors: list[s
         if m.export_merged:
             errors.append(f"{where}.export_merged: merges adapters into the model, and it has none "
                           f"({where}.adapters)")
+        if m.learner_per_adapter:
+            errors.append(f"{where}.learner_per_adapter: lays out the learners of adapters, and it has none "
+                          f"({where}.adapters)")
         return
     if m.ranks > 1:
-        errors.append(f"{where}.ranks={m.ranks}: a model with adapters trains each adapter in one learner process "
-                      "(its learner holds the frozen base and one adapter); set ranks 1")
+        errors.append(f"{where}.ranks={m.ranks}: a model with adapters trains them in one learner process of one "
+                      "rank (holding the frozen base once); set ranks 1")
     for name, a in m.adapters.items():
         key = f"{where}.adapters.{name}"
         if not ADAPTER_NAME.match(name):
@@ -218,9 +221,9 @@ def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
         errors.append(f"pipeline.launcher={p.launcher}: launchers start the async pipeline's processes; set "
                       f"pipeline.mode=async (got {p.mode!r})")
     errors.extend(p.ray.problems("pipeline.ray"))
-    trained = {m: model_config(cfg, m) for m in trained_models(cfg)}
-    errors.extend(check_plan(p.gpus, {m: c.ranks for m, c in trained.items()},
-                             {m: c.device for m, c in trained.items()}, p.launcher))
+    learners = {process: model_config(cfg, process) for process in learner_processes(cfg)}
+    errors.extend(check_plan(p.gpus, {m: c.ranks for m, c in learners.items()},
+                             {m: c.device for m, c in learners.items()}, p.launcher))
     for key, low in (("max_staleness", 0), ("num_rollouts", 1), ("groups_in_flight", 0)):
         if getattr(p, key) < low:
             errors.append(f"pipeline.{key}: must be >= {low}, got {getattr(p, key)}")
@@ -233,7 +236,7 @@ def _check_pipeline(cfg: DrmasConfig, errors: list[str]) -> None:
     for model in p.learner_ports:
         if model not in ids:
             errors.append(f"pipeline.learner_ports.{model}: not a model id ({', '.join(ids)}; a model with adapters "
-                          "has a learner per adapter: <model>/<adapter>)")
+                          "has a port per adapter: <model>/<adapter>)")
     for model in p.learner_hosts:  # a model with adapters: the host of all its adapters' learners
         if model not in ids and model not in cfg.models:
             errors.append(f"pipeline.learner_hosts.{model}: not a model id ({', '.join(ids)})")

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from drmas.config.derived import model_config, trained_models
+from drmas.config.derived import learner_process_of, learner_processes, model_config
 from drmas.config.load import is_plugin_path
 from drmas.config.schema import DrmasConfig
 from drmas.runtime.endpoints import BUFFER_ENDPOINTS, learner_address
@@ -50,7 +50,8 @@ def place_endpoints(cfg: DrmasConfig, buffer_ip: str, learner_ips: Mapping[str, 
                     free_ports: Callable[[str, int], list[int]], multi_node: bool) -> DrmasConfig:
     """A copy of `cfg` whose buffer and learner endpoints are where they were placed: the node's address
     (see `bind_host`) and, for every port 0, a port `free_ports(name, n)` found free on that process's node
-    (`name` is "buffer" or "learner-<model>"). Fixed ports are kept."""
+    (`name` is "buffer" or "learner-<process>", the learner process of the model, see `learner_processes`).
+    `learner_ips`: the node's address of each trained model id's learner. Fixed ports are kept."""
     cfg = copy.deepcopy(cfg)
     mode = cfg.pipeline.ray.host
     buf = cfg.pipeline.buffer
@@ -65,7 +66,7 @@ def place_endpoints(cfg: DrmasConfig, buffer_ip: str, learner_ips: Mapping[str, 
     for model, ip in learner_ips.items():
         host, port = learner_address(cfg, model)
         if port == 0:
-            (port,) = free_ports(f"learner-{model}", 1)
+            (port,) = free_ports(f"learner-{learner_process_of(cfg, model)}", 1)
         cfg.pipeline.learner_hosts[model] = bind_host(mode, host, ip, multi_node)
         cfg.pipeline.learner_ports[model] = port
     return cfg
@@ -73,7 +74,7 @@ def place_endpoints(cfg: DrmasConfig, buffer_ip: str, learner_ips: Mapping[str, 
 
 def processes_placed(cfg: DrmasConfig) -> int:
     """Processes the run asks the cluster to place at the start: the buffer, every learner rank, every rollout."""
-    return 1 + sum(model_config(cfg, m).ranks for m in trained_models(cfg)) + cfg.pipeline.num_rollouts
+    return 1 + sum(model_config(cfg, p).ranks for p in learner_processes(cfg)) + cfg.pipeline.num_rollouts
 
 
 def local_ray_cpus(cfg: DrmasConfig, cores: int) -> int:

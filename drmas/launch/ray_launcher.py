@@ -245,9 +245,9 @@ class RayLauncher(Supervisor):
         rc = self.ray_cfg
         try:
             names = {"buffer": (rc.cpus_per_process, 0.0)}
-            for model in assembly.trained_models(self.cfg):
-                ranks = model_config(self.cfg, model).ranks
-                names[f"learner-{model}"] = (rc.cpus_per_process * ranks, rc.learner_gpus_per_rank * ranks)
+            for process in assembly.learner_processes(self.cfg):
+                ranks = model_config(self.cfg, process).ranks
+                names[f"learner-{process}"] = (rc.cpus_per_process * ranks, rc.learner_gpus_per_rank * ranks)
             for name, (cpus, gpus) in names.items():
                 pg = self._server_group(name, cpus, gpus)
                 self.server_hosts[name] = (self.new_host(name, pg), pg)
@@ -260,7 +260,8 @@ class RayLauncher(Supervisor):
             return self.call(hosts[name].free_ports.remote("0.0.0.0", count))
 
         models = assembly.trained_models(self.cfg)
-        self.cfg = place_endpoints(self.cfg, ips["buffer"], {m: ips[f"learner-{m}"] for m in models}, free_ports,
+        learner_ips = {m: ips[f"learner-{assembly.learner_process_of(self.cfg, m)}"] for m in models}
+        self.cfg = place_endpoints(self.cfg, ips["buffer"], learner_ips, free_ports,
                                    multi_node=len(self._alive_nodes()) > 1)
         key_root = add_run_keys(self.cfg, models, Path(self.cfg.trainer.output_dir) / "keys")
         if key_root is not None:

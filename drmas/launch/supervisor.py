@@ -157,8 +157,8 @@ class Supervisor(ABC):
             try:
                 try:
                     self._start("buffer", "buffer", "drmas.buffer.main", [])
-                    for model in assembly.trained_models(self.cfg):
-                        self._start(f"learner-{model}", "learner", "drmas.learner.main", ["--model", model])
+                    for process in assembly.learner_processes(self.cfg):
+                        self._start(f"learner-{process}", "learner", "drmas.learner.main", ["--model", process])
                     for index in range(self.cfg.pipeline.num_rollouts):
                         self.add_rollout(index)
                 except PlacementError as exc:

@@ -70,6 +70,15 @@ class StepBatch:
                 "agents": {agent: sorted(draws) for agent, draws in sorted(agents.items())}}
 
 
+@dataclass
+class _Pending:
+    """A batch being collected over several pulls."""
+    batch: StepBatch
+    group_ids: set[str]
+    started: float
+    report_at: float
+
+
 class GroupCollector:
     """Pulls the agent groups of one learner step, dropping (and reporting) parts beyond the bound."""
 
@@ -96,53 +105,70 @@ class GroupCollector:
         self.poll_ms = poll_ms
         self.report_after_s = WAIT_REPORT_S
         self._foreign: Counter = Counter()  # (incarnation, version) -> samples dropped as orphaned while waiting
+        self._pending: _Pending | None = None  # the batch being collected
 
     def next_batch(self, version: int, lineage: Lineage | None = None) -> StepBatch | None:
         """The groups the update from `version` trains on; None once stopped. With `lineage`, parts with
         samples of weights outside it are dropped as orphaned."""
-        batch = StepBatch([], 0.0)
-        group_ids: set[str] = set()
-        started = report_at = time.monotonic()
-        self._foreign.clear()
-        while len(group_ids) < self.groups_per_step:
-            if self.stop.is_set():
-                return None
-            if time.monotonic() - report_at >= self.report_after_s:
-                report_at = time.monotonic()
-                log.warning(self._waiting(version, len(group_ids), batch, report_at - started, lineage))
-            if self.idle is not None:
-                self.idle()
-            wanted = (self.groups_per_step - len(group_ids)) * len(self.agents)
-            start = time.monotonic()
-            try:
-                parts = self.consumer.pull(self.agents, max_groups=wanted, wait_ms=self.poll_ms)
-            except TimeoutError as exc:  # buffer down or restarting: keep asking
-                log.warning("%s; retrying", exc)
-                parts = []
-            batch.wait_s += time.monotonic() - start
-            batch.dropped.update(self.consumer.pop_undecodable())
-            for part in parts:
-                if any(is_too_stale(s.policy_version, version, self.max_staleness) for s in part.samples):
-                    self._drop(part, DROP_STALE, batch)
-                    continue
-                foreign = [] if lineage is None else [(s.policy_incarnation, s.policy_version) for s in part.samples
-                                                          if not lineage.contains(s.policy_incarnation, s.policy_version)]
-                if foreign:
-                    self._foreign.update(foreign)
-                    self._drop(part, DROP_ORPHANED, batch)
-                    continue
-                violation = self._violation(part)
-                if violation is not None:
-                    self._drop(part, violation, batch)
-                    continue
-                if part.draw >= 0 and ((self.trained is not None and self.trained(part)) or
-                                       any(g.agent == part.agent and g.draw == part.draw for g in batch.groups)):
-                    self._drop(part, DROP_ALREADY_TRAINED, batch)
-                    continue
-                batch.groups.append(part)
-                if part.draw < 0 or self.makeup is None or not self.makeup(part):
-                    group_ids.add(part.group_id)
+        while not self.stop.is_set():
+            batch = self.poll(version, lineage)
+            if batch is not None:
+                return batch
+        return None
+
+    def poll(self, version: int, lineage: Lineage | None = None, wait_ms: int | None = None) -> StepBatch | None:
+        """One pull (waiting at most `wait_ms`, default `poll_ms`) towards the batch of the update from
+        `version`: the batch once it is whole, else None (what arrived is kept for the next call). A learner
+        of several models polls each in turn, so none blocks the others' updates."""
+        now = time.monotonic()
+        if self._pending is None:
+            self._pending = _Pending(StepBatch([], 0.0), set(), now, now)
+            self._foreign.clear()
+        p, batch = self._pending, self._pending.batch
+        if now - p.report_at >= self.report_after_s:
+            p.report_at = now
+            log.warning(self._waiting(version, len(p.group_ids), batch, now - p.started, lineage))
+        if self.idle is not None:
+            self.idle()
+        wanted = (self.groups_per_step - len(p.group_ids)) * len(self.agents)
+        start = time.monotonic()
+        try:
+            parts = self.consumer.pull(self.agents, max_groups=wanted,
+                                       wait_ms=self.poll_ms if wait_ms is None else wait_ms)
+        except TimeoutError as exc:  # buffer down or restarting: keep asking
+            log.warning("%s; retrying", exc)
+            parts = []
+        batch.wait_s += time.monotonic() - start
+        batch.dropped.update(self.consumer.pop_undecodable())
+        for part in parts:
+            reason = self._refusal(part, version, lineage, batch)
+            if reason is not None:
+                self._drop(part, reason, batch)
+                continue
+            batch.groups.append(part)
+            if part.draw < 0 or self.makeup is None or not self.makeup(part):
+                p.group_ids.add(part.group_id)
+        if len(p.group_ids) < self.groups_per_step:
+            return None
+        self._pending = None
         return batch
+
+    def _refusal(self, part: AgentGroup, version: int, lineage: Lineage | None, batch: StepBatch) -> str | None:
+        """Why `part` cannot be trained in the update from `version` (the drop reason), or None."""
+        if any(is_too_stale(s.policy_version, version, self.max_staleness) for s in part.samples):
+            return DROP_STALE
+        foreign = [] if lineage is None else [(s.policy_incarnation, s.policy_version) for s in part.samples
+                                                  if not lineage.contains(s.policy_incarnation, s.policy_version)]
+        if foreign:
+            self._foreign.update(foreign)
+            return DROP_ORPHANED
+        violation = self._violation(part)
+        if violation is not None:
+            return violation
+        if part.draw >= 0 and ((self.trained is not None and self.trained(part)) or
+                               any(g.agent == part.agent and g.draw == part.draw for g in batch.groups)):
+            return DROP_ALREADY_TRAINED
+        return None
 
     def _waiting(self, version: int, groups: int, batch: StepBatch, waited_s: float, lineage: Lineage | None) -> str:
         """Why the step from `version` still waits: a learner that waits in silence looks hung. Parts dropped

@@ -1,4 +1,5 @@
-"""`drmas-learner --config FILE --model ID [overrides]`: the learner process of one trained model."""
+"""`drmas-learner --config FILE --model ID [overrides]`: the learner process of one trained model, or of the
+adapters of one base model (`drmas.learner.worker`)."""
 
 from __future__ import annotations
 
@@ -17,27 +18,28 @@ log = logging.getLogger("drmas.learner")
 def main(argv: list[str] | None = None) -> int:
     die_with_torchrun()  # a rank of a sharded learner must not outlive its torchrun
     parser = config_parser("drmas-learner", "Train one model on the groups its agents produce (async pipeline).")
-    parser.add_argument("--model", "-m", required=True, help="id of the model to train (a key of `models`)")
+    parser.add_argument("--model", "-m", required=True,
+                        help="id of the learner process: a trained model (a key of `models`), a model with adapters "
+                             "(all its trained adapters, over one copy of the base), or one adapter <model>/<adapter>")
     args = parser.parse_args(argv)
     cfg = load_or_exit("drmas-learner", args.config, args.overrides)
     setup_logging(f"learner-{args.model}")
     stop = StopFlag()
-    from drmas import assembly
-    from drmas.learner.worker import LearnerWorker
+    from drmas.learner.worker import LearnerWorker, models_of
     import zmq
 
     from drmas.runtime.endpoints import EndpointError, listen_error, require_fixed
 
-    trained = assembly.trained_models(cfg)
-    if args.model not in trained:
-        print(f"drmas-learner: --model {args.model!r} is not a trained model of this config ({', '.join(trained)})",
-              file=sys.stderr)
+    try:
+        model_ids = models_of(cfg, args.model)
+    except ValueError as exc:
+        print(f"drmas-learner: --model: {exc}", file=sys.stderr)
         return 2
     if int(os.environ.get("RANK", "0")) > 0:  # a further rank of a sharded learner (torchrun): follows rank 0
         return follow_rank_0(cfg, args.model)
     watch_launcher(stop)  # rank 0 only: the other ranks end with torchrun, which ends with rank 0
     try:
-        require_fixed(cfg, buffer=True, learners=[args.model])
+        require_fixed(cfg, buffer=True, learners=model_ids)
         worker = LearnerWorker(cfg, args.model, stop)
     except (EndpointError, FileNotFoundError, ValueError) as exc:
         print(f"drmas-learner: {exc}", file=sys.stderr)
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         version = worker.run()
     except zmq.ZMQError as exc:  # its weight-sync port in use: one line, and a launcher may retry (exit 1)
-        print(f"drmas-learner: {listen_error(cfg, exc, learners=[args.model])}", file=sys.stderr)
+        print(f"drmas-learner: {listen_error(cfg, exc, learners=model_ids)}", file=sys.stderr)
         return 1
     if stop.is_set():
         log.info("stopped by %s at version %d", stop.signal_name or "request", version)

@@ -34,10 +34,21 @@ def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device)
                          activation_checkpointing=mcfg.activation_checkpointing), tokenizer
 
 
+def learner_trainers(cfg: DrmasConfig, ids: Sequence[str], ranks, device: torch.device):
+    """`(trainers, tokenizer)` of a learner process training the model ids `ids` (`drmas.config.derived
+    .learner_processes`): one model's, or one per adapter of one base over one shared copy of it."""
+    if len(ids) == 1:
+        trainer, tokenizer = trained_policy(cfg, ids[0], ranks, device)
+        return [trainer], tokenizer
+    (base,) = {assembly.split_model(m)[0] for m in ids}
+    map_large_blocks(cfg.models[base].heap_mmap_threshold_kb)
+    return adapter_trainers(cfg, ids, device, ranks)
+
+
 def adapter_trainers(cfg: DrmasConfig, ids: Sequence[str], device, ranks=None):
     """`(trainers, tokenizer)`: a `PolicyTrainer` per adapter model id (all adapters of one model), over one
-    shared copy of the base, frozen in the compute dtype on `device` (a learner process: one adapter; the
-    colocated loop: every trained adapter of the model)."""
+    shared copy of the base, frozen in the compute dtype on `device` (a learner process, and the colocated
+    loop: every trained adapter of the model it trains; a learner per adapter: one)."""
     from drmas.models.adapters import attach_adapters
     from drmas.models.loading import compute_dtype, load_model, torch_dtype
 

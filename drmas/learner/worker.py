@@ -1,348 +1,135 @@
-"""The learner loop of one model: pull a step's groups, update, bump the version, push weights, report.
+"""A learner process: the lanes of the models it trains, and the loop that feeds them their batches.
 
-Order within a step matters for the staleness bound. The new weights are pushed to every connected
-rollout *before* the new version is reported to the buffer, because the buffer admits new groups on the
-strength of that version: a rollout admitted for version v + 1 must already generate with it, or its
-groups would arrive one version staler than admission assumed. The optimizer step and the version bump
-happen inside `WeightSender.exclusive()`, so a rollout that joins meanwhile is never sent half-updated
-weights or new weights under the old version number.
+A process trains one model (`drmas-learner --model ID`), or every trained adapter of one base over one copy of
+the frozen base (`--model <base>`, the default layout of a model with adapters, `drmas.config.derived
+.learner_processes`): one `ModelLane` per model id, each with everything that makes an adapter behave as a model
+(its collector and staleness bound, optimizer, version, push, statistics, checkpoints, resume; see
+`drmas.learner.lane`). The lanes share the process, its one thread and its base: their updates run in turn, as
+their batches become whole. With one lane the loop waits for each batch; with several it polls every lane (a
+pull of at most `POLL_MS` / lanes each), so a lane whose groups are late never holds back one whose groups are
+there. Adapters are not mixed in one forward pass: each has its own optimizer, version and staleness bound,
+so its batch is its own step (docs/lora.md has the measurements).
 
-A batch whose update fails (an exception in the advantages or the update, after the sample checks of
-`GroupCollector`) costs that batch, not the learner: its groups are reported dropped ('update_failed'),
-gradients and running statistics are rolled back, and the loop pulls the next batch. Only
-`MAX_FAILED_UPDATES` failures in a row end the process (then something is wrong with the learner itself,
-and a supervisor restarting it with resume is the better remedy). A learner of N ranks cannot skip a
-batch: its other ranks are inside the failed update's collectives. It ends at once (`LearnerRanksFailed`),
-naming the rank that failed and why (`drmas.learner.ranks.group`); resume continues from the last checkpoint.
-
-When the learner reaches `trainer.steps` it tells the buffer it finished, so admission stops waiting for
-it: a peer learner that restarted behind it still gets groups.
+When a lane reaches `trainer.steps` it saves and tells the buffer it finished (admission stops waiting for it:
+a peer learner that restarted behind it still gets groups); the process ends when every lane has.
 
 A stop signal (SIGTERM from a launcher, Ctrl-C by hand) ends the loop at the next safe point: while it waits
 for a batch, or during an update before the update's first optimizer step (the batch is abandoned, its
-groups untrained), never after a whole extra update; then the learner saves its version and exits 0.
+groups untrained), never after a whole extra update; then every lane saves its version and the process exits 0.
 
-The draws it trains (`drmas.core.draws`: each group's place in the run's drawing order) are its record of
-which prompts its weights have seen: kept per agent, saved in every checkpoint, reported to the buffer with
-every version (the buffer draws again whatever was handed out and is neither trained nor on its way, see
-`drmas.buffer.draws`), and written per step to `prompts.jsonl` (`{"step", "draws", "prompts", "agents"}`: the
-draws, their problems' uids, and the draws each agent trained). Its checkpoints also keep the order's
-fingerprint: a resume under another `trainer.seed` or training split is refused before any model is built.
-
-Everything this learner writes (metrics, TensorBoard, checkpoints, prompts.jsonl) lives in
-`<output_dir>/learner-<model>/`, so learners of different models never share a file and a restarted learner
-resumes from its own state.
+The process's log is `<output_dir>/learner-<process id>/process.log`; everything a lane writes lives in
+`<output_dir>/learner-<model id>/`, so learners of different models never share a file and a restarted
+learner resumes every lane from its own state.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from drmas import assembly
-from drmas.buffer import BufferConsumer
-from drmas.config.load import to_yaml
 from drmas.config.schema import DrmasConfig
-from drmas.core.draws import DrawSet
-from drmas.core.lineage import Lineage
-from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
-from drmas.learner.policy import PolicyTrainer, UpdateStopped
-from drmas.learner.ranks.group import BatchFanout, failure_reports, learner_ranks
-from drmas.algorithms.running_stats import AgentRewardStats
-from drmas.learner.sample_limits import SampleLimits
-from drmas.learner.trainers import trained_policy
-from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars, staleness_scalars
+from drmas.learner.lane import ModelLane
+from drmas.learner.policy import UpdateStopped
+from drmas.learner.ranks.group import BatchFanout, learner_ranks
+from drmas.learner.trainers import learner_trainers
 from drmas.models import checkpoint
-from drmas.runtime.endpoints import learner_address
-from drmas.runtime.metrics import PROMPTS_FILE, MetricsWriter, StepRecords, agent_line, reward_stats_line
-from drmas.runtime.netsec import server_keys
 from drmas.runtime.process import StopFlag, add_log_file
 from drmas.runtime.run_dir import claim_output_dir
-from drmas.weights import WeightSender
 
 log = logging.getLogger(__name__)
 
-MAX_FAILED_UPDATES = 3  # failed updates in a row after which the learner gives up
-DROP_UPDATE_FAILED = "update_failed"
+POLL_MS = 200  # with several lanes: one round of pulls over all of them waits at most this long
 
 
-def precision(trainer: PolicyTrainer) -> str:
-    """How the learner computes, in words (the log line users check first on a GPU)."""
-    weights = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
-    compute = str(trainer.compute_dtype).removeprefix("torch.")
-    if trainer.adapter is not None:
-        adapter = str(trainer.params[0].dtype).removeprefix("torch.")
-        return f"{adapter} adapter {trainer.adapter!r} over a frozen {weights} base"
-    return f"{weights} weights" if compute == weights else f"{weights} weights, {compute} autocast"
-
-
-class UpdateFailed(RuntimeError):
-    """An update raised before changing the weights: the batch is dropped, the learner goes on."""
-
-
-class LearnerRanksFailed(RuntimeError):
-    """An update or weight gather of a learner of N ranks failed: the learner ends (it cannot skip it)."""
+def models_of(cfg: DrmasConfig, process_id: str) -> list[str]:
+    """The model ids the learner process `process_id` trains: a process of `learner_processes`, or any one
+    trained model id (an adapter alone, as with `learner_per_adapter`)."""
+    processes = assembly.learner_processes(cfg)
+    if process_id in processes:
+        return processes[process_id]
+    if process_id in assembly.trained_models(cfg):
+        return [process_id]
+    raise ValueError(f"model {process_id!r} is not trained by any agent (learner processes: "
+                     f"{', '.join(processes) or 'none'}; trained models: {', '.join(assembly.trained_models(cfg))})")
 
 
 class LearnerWorker:
-    def __init__(self, cfg: DrmasConfig, model_id: str, stop: StopFlag) -> None:
-        if model_id not in assembly.trained_models(cfg):
-            raise ValueError(f"model {model_id!r} is not trained by any agent (trained: {assembly.trained_models(cfg)})")
-        self.cfg, self.model_id, self.stop = cfg, model_id, stop
-        mcfg = assembly.model_config(cfg, model_id)
-        ranks, self.device = learner_ranks(mcfg.device, mcfg.ranks, model_id, mcfg.collective_timeout_s)
-        self.out = claim_output_dir(Path(cfg.trainer.output_dir) / f"learner-{model_id}", cfg.trainer.resume,
-                                    cfg.trainer.overwrite)
-        add_log_file(self.out)
+    def __init__(self, cfg: DrmasConfig, process_id: str, stop: StopFlag) -> None:
+        self.cfg, self.process_id, self.stop = cfg, process_id, stop
+        model_ids = models_of(cfg, process_id)
+        mcfg = assembly.model_config(cfg, model_ids[0])
+        ranks, self.device = learner_ranks(mcfg.device, mcfg.ranks, process_id, mcfg.collective_timeout_s)
+        out = Path(cfg.trainer.output_dir)
+        for model_id in model_ids:
+            claim_output_dir(out / f"learner-{model_id}", cfg.trainer.resume, cfg.trainer.overwrite)
+        add_log_file(out / f"learner-{process_id}")
         order = assembly.drawing_order(cfg)
-        assembly.check_drawing_order(cfg, self.out, order)
-        self.order = order.fingerprint()  # saved with the draws trained: they are prompts of this order
+        for model_id in model_ids:
+            assembly.check_drawing_order(cfg, out / f"learner-{model_id}", order)
         if cfg.trainer.threads > 0:
             torch.set_num_threads(cfg.trainer.threads)
         checkpoint.seed_everything(cfg.trainer.seed)
-        self.agents = assembly.trained_agents(cfg, model_id)
-        self.trainer, self.tokenizer = trained_policy(cfg, model_id, ranks, self.device)
-        self.model = self.trainer.model
+        trainers, tokenizer = learner_trainers(cfg, model_ids, ranks, self.device)
         self.fanout = BatchFanout(ranks)  # the other ranks' batches (none with one rank)
-        # what pushes, join syncs and HF checkpoints read: the live parameters, or (sharded) a gather streamed
-        # one parameter at a time, each pass ordered to the other ranks; never a whole copy of the model
-        self.source = self.trainer.weight_source(before_pass=self.fanout.gather)
-        self.stats = AgentRewardStats(window=cfg.algorithm.running_stats_window)
-        self.version = 0
-        self.saved_version = 0
-        self.trained = {agent: DrawSet() for agent in self.agents}  # the draws trained, per agent
-        self.lineage = Lineage()  # which (incarnation, version) stamps name weights of this learner's history
-        self.consumer = BufferConsumer.from_config(cfg.pipeline.buffer)
-        host, port = learner_address(cfg, model_id)
-        self.sender = WeightSender.from_config(cfg.pipeline.weights, host, port, model=model_id,
-                                               incarnation=self.lineage.incarnation,
-                                               current_weights=self._current_weights,
-                                               curve=server_keys(cfg.pipeline.buffer), device=self.device,
-                                               dtype=self.trainer.push_dtype,
-                                               joins_in_thread=self.source.concurrent)
-        self.limits = SampleLimits.of_model(self.model, cfg.pipeline.buffer.max_sample_tokens)
-        self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
-                                        cfg.pipeline.max_staleness, stop, limits=self.limits,
-                                        idle=self._while_waiting,
-                                        trained=lambda part: part.draw in self.trained[part.agent],
-                                        makeup=lambda part: any(part.draw in self.trained[agent]
-                                                                for agent in self.agents if agent != part.agent))
-        self.failed_updates = 0
+        self.lanes = [ModelLane(cfg, m, t, tokenizer, self.fanout, stop, order.fingerprint())
+                      for m, t in zip(model_ids, trainers)]
 
-    def _current_weights(self):
-        """What a rollout that just joined receives (under `exclusive()`; on the sender's join-sync thread, or
-        with a gathered source on this thread in `_serve_joins`)."""
-        return self.version, self.source
-
-    def _while_waiting(self) -> None:
-        """Before every pull: keep the other ranks' wait for orders alive, serve joins."""
-        self._collective("keepalive", self.fanout.keepalive)
-        self._serve_joins()
-
-    def _serve_joins(self) -> None:
-        """Join syncs the sender leaves to this thread (a sharded source's gather is a collective that must
-        not interleave with the update's); called between steps and while waiting for a batch."""
-        self._collective("join sync", self.sender.serve_joins)
+    @property
+    def version(self) -> int:
+        """The lowest version of the lanes (the one version of a one-model learner)."""
+        return min(lane.version for lane in self.lanes)
 
     def run(self) -> int:
-        """Train until `trainer.steps` versions (or a stop signal); returns the version reached."""
-        cfg = self.cfg
-        if cfg.trainer.resume:
-            self._resume()
-        (self.out / "config.yaml").write_text(to_yaml(cfg))
-        # a resumed learner logs the versions after its checkpoint again: never twice (see MetricsWriter)
-        resumed_at = self.version if cfg.trainer.resume else None
-        writer = MetricsWriter(self.out, tensorboard=cfg.logging.tensorboard, resumed_at=resumed_at)
-        prompts = StepRecords(self.out / PROMPTS_FILE, resumed_at=resumed_at)
-        self.sender.start()
-        log.info("learner of %r (agents %s) at version %d on %s (%s); rollouts join %s (%s)", self.model_id,
-                 self.agents, self.version, self.device, precision(self.trainer), self.sender.endpoint,
-                 self.sender.backend)
+        """Train until every lane reached `trainer.steps` versions (or a stop signal); returns the lowest version
+        reached."""
+        opened: list[ModelLane] = []
         try:
-            self._report_version()
-            last = time.monotonic()
-            failed_in_a_row = 0
-            while self.version < cfg.trainer.steps and not self.stop.is_set():
-                batch = self.collector.next_batch(self.version, self.lineage)
-                if batch is None:
-                    break
-                try:
-                    scalars, hists = self._step(batch)
-                except UpdateStopped:
-                    log.info("stopped by %s during the update from version %d: the update is abandoned (its "
-                             "%d samples are not trained); saving version %d", self.stop.signal_name or "request",
-                             self.version, len(batch.samples), self.version)
-                    break
-                except UpdateFailed as exc:
-                    failed_in_a_row += 1
-                    self._drop_failed(batch, exc, failed_in_a_row)
-                    continue
-                failed_in_a_row = 0
-                now = time.monotonic()
-                scalars.update(self._timing(batch, now - last))
-                last = now
-                writer.log(self.version, scalars, hists)
-                prompts.write({"step": self.version, **batch.prompts_record()})
-                if cfg.logging.console_every and self.version % cfg.logging.console_every == 0:
-                    log.info(agent_line(self.version, scalars, self.agents, [self.model_id]))
-                if cfg.trainer.checkpoint_interval and self.version % cfg.trainer.checkpoint_interval == 0:
-                    self._save()
-            if self.version != self.saved_version:
-                self._save()  # with N ranks a collective: before the other ranks are let go
+            for lane in self.lanes:
+                lane.open()
+                opened.append(lane)
+            if len(self.lanes) == 1:
+                self._run_one(self.lanes[0])
+            else:
+                self._run_lanes()
+            for lane in self.lanes:
+                lane.finish()
             self.fanout.finish()  # not on an exception: the other ranks may be inside a collective; torchrun ends them
-            if self.version >= cfg.trainer.steps and not self.stop.is_set():
-                self._report_version(finished=True)
         finally:
-            if self.version != self.saved_version:
-                if self.trainer.ranks.size == 1:
-                    self._save()
-                else:  # an exception: the other ranks cannot be relied on to write their shards
-                    log.error("version %d is not saved (the learner ranks failed); the last checkpoint is "
-                              "version %d", self.version, self.saved_version)
-            writer.close()
-            prompts.close()
-            log.info("running reward statistics at version %d: %s", self.version,
-                     reward_stats_line(agent_reward_stats(self.stats)))
-            self.sender.close()
-            self.consumer.close()
+            for lane in opened:
+                lane.close()
         return self.version
 
-    def _step(self, batch: StepBatch) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-        """One update on `batch`, then the new weights out to the rollouts and the new version to the buffer.
+    def _run_one(self, lane: ModelLane) -> None:
+        while not lane.done and not self.stop.is_set():
+            batch = lane.next_batch()
+            if batch is None or not self._train(lane, batch):
+                break
 
-        Raises `UpdateFailed` when computing the advantages or the update raised: weights, version and
-        running statistics are then as before the call."""
-        m = self.model_id
-        stats_before = self.stats.state_dict()
-        try:
-            samples, adv = group_advantages(batch.groups, self.cfg.algorithm, self.stats)
-            scalars = agent_scalars(samples, adv)
-            scalars.update(reward_stats_scalars(self.stats))
-            stale, hists = staleness_scalars(samples, self.version)
-            scalars.update(stale)
-        except Exception as exc:
-            self.stats.load_state_dict(stats_before)
-            raise UpdateFailed(f"advantages: {exc!r}") from exc
-        self.fanout.send(samples, adv)
-        with self.sender.exclusive():
-            try:  # a stop signal abandons the update at its next safe point (one rank only, see `update`)
-                scalars.update(self.trainer.update(samples, adv, version=self.version, should_stop=self.stop.is_set))
-            except UpdateStopped:
-                self.stats.load_state_dict(stats_before)
-                raise
-            except Exception as exc:  # before optimizer.step: the weights are unchanged
-                if self.trainer.ranks.size > 1:  # the other ranks are inside this update's collectives
-                    raise self._ranks_failed("update", exc) from exc
-                self.trainer.optimizer.zero_grad(set_to_none=True)
-                self.stats.load_state_dict(stats_before)
-                raise UpdateFailed(f"update: {exc!r}") from exc
-            self.version += 1
-            for part in batch.groups:
-                if part.draw >= 0:
-                    self.trained[part.agent].add(part.draw)
-                    for agent in self.agents:  # those with no part in the group had nothing to train in it
-                        if part.group_agents and agent not in part.group_agents:
-                            self.trained[agent].add(part.draw)
-            report = self._collective("weight push", lambda: self.sender.push(self.source, self.version))
-        self._report_version()
-        scalars.update({
-            f"version/{m}": float(self.version),
-            f"weight_sync/{m}/seconds": report.seconds,
-            f"weight_sync/{m}/mb": report.bytes / 1e6,  # per rollout, in the engines' dtype (the compute dtype)
-            f"weight_sync/{m}/receivers": float(len(report.receivers_ok)),
-            f"weight_sync/{m}/dropped": float(len(report.receivers_dropped)),
-            f"weight_sync/{m}/learner_sends": float(report.learner_sends),  # passes over the model (1: flat)
-            f"weight_sync/{m}/gathered_mb": self.source.peak_bytes / 1e6,  # N ranks: rank 0's extra, bounded
-            f"samples/{m}": float(len(samples)),
-            **{f"dropped/{m}/{reason}": float(n) for reason, n in batch.dropped.items()},
-            f"failed_updates/{m}": float(self.failed_updates),
-        })
-        return scalars, hists
-
-    def _collective(self, what: str, work):
-        """``work()``; with N ranks its gathers are collectives: a failure ends the learner naming the rank."""
-        try:
-            return work()
-        except Exception as exc:
-            if self.trainer.ranks.size > 1:
-                raise self._ranks_failed(what, exc) from exc
-            raise
-
-    def _ranks_failed(self, what: str, exc: Exception) -> LearnerRanksFailed:
-        """The error that ends a learner of N ranks whose `what` raised `exc` on rank 0: which rank failed
-        and why (the others' reports, or rank 0's own exception), logged and returned."""
-        size = self.trainer.ranks.size
-        reports = failure_reports(size)
-        causes = ([f"rank {rank} of {size}: {why}" for rank, why in sorted(reports.items())]
-                  or [f"rank 0 of {size}: {type(exc).__name__}: {exc}"])
-        message = (f"the {what} from version {self.version} failed on learner {'; '.join(causes)}. The learner "
-                   f"ends (its ranks cannot skip a batch together); restart with trainer.resume=true to continue "
-                   f"from its last checkpoint (version {self.saved_version})")
-        log.error("%s", message, exc_info=exc if not reports else None)
-        return LearnerRanksFailed(message)
-
-    def _drop_failed(self, batch: StepBatch, exc: UpdateFailed, failed_in_a_row: int) -> None:
-        """Give up on a batch whose update failed: say why, report its groups dropped, go on (or stop)."""
-        self.failed_updates += 1
-        n_samples = len(batch.samples)
-        log.error("update from version %d failed on %d samples (%d in a row): %s; dropping the batch",
-                  self.version, n_samples, failed_in_a_row, exc, exc_info=exc.__cause__)
-        report_drops(self.consumer, batch.groups, DROP_UPDATE_FAILED)
-        if failed_in_a_row >= MAX_FAILED_UPDATES:
-            raise RuntimeError(f"{failed_in_a_row} updates in a row failed; the last: {exc}") from exc
-
-    def _timing(self, batch: StepBatch, elapsed: float) -> dict[str, float]:
-        elapsed = max(elapsed, 1e-9)
-        return {
-            f"throughput/{self.model_id}/samples_per_s": len(batch.samples) / elapsed,
-            f"idle/{self.model_id}": min(batch.wait_s / elapsed, 1.0),
-            f"time/{self.model_id}/step_seconds": elapsed,
-        }
-
-    def _report_version(self, finished: bool = False) -> None:
-        """Tell the buffer our version (admission and its stale-drop rule follow it); waits for the buffer."""
-        while True:
-            try:
-                self.consumer.report_version(self.model_id, self.version, self.lineage.incarnation, finished,
-                                             trained=self.trained)
+    def _run_lanes(self) -> None:
+        wait_ms = max(POLL_MS // len(self.lanes), 10)
+        while not self.stop.is_set():
+            running = [lane for lane in self.lanes if not lane.done]
+            if not running:
                 return
-            except TimeoutError as exc:
-                log.warning("%s; retrying", exc)
+            for lane in running:
+                batch = lane.poll(wait_ms)
+                if batch is not None and not self._train(lane, batch):
+                    return
+                if lane.done:
+                    lane.finish()  # saved, and the buffer stops waiting for it while the others train on
                 if self.stop.is_set():
                     return
 
-    # ---- checkpoints -------------------------------------------------------------------------------
-    def _save(self) -> Path:
-        """Weights (HF directory), weights and optimizer (DCP, every rank its shards), running statistics and
-        version, under `checkpoints/step_<version>`."""
-        path = self.fanout.save(self.trainer, self.out, self.version, self.source, self.tokenizer,
-                                {"version": self.version, "model": self.model_id, "stats": self.stats.state_dict(),
-                                 "lineage": self.lineage.state_dict(), "ranks": self.trainer.ranks.size,
-                                 "draws": {a: d.state_dict() for a, d in self.trained.items()},
-                                 "order": self.order},
-                                keep=self.cfg.trainer.keep_checkpoints)
-        self.saved_version = self.version
-        log.info("saved %s", path)
-        return path
-
-    def _resume(self) -> bool:
-        log.info("%s", checkpoint.resume_line(self.out, unit="version"))
-        ckpt = checkpoint.latest_checkpoint(self.out)
-        if ckpt is None:
+    def _train(self, lane: ModelLane, batch) -> bool:
+        """`lane.train(batch)`; False when the update was abandoned for a stop signal."""
+        try:
+            lane.train(batch)
+        except UpdateStopped:
+            log.info("stopped by %s during the update of %r from version %d: the update is abandoned (its %d "
+                     "samples are not trained); saving version %d", self.stop.signal_name or "request",
+                     lane.model_id, lane.version, len(batch.samples), lane.version)
             return False
-        state = checkpoint.load_run_state(ckpt)
-        self.fanout.resume(self.trainer, ckpt, int(state["version"]))  # resharded onto our ranks
-        self.version = self.saved_version = int(state["version"])
-        self.stats.load_state_dict(state["stats"])
-        self.lineage = self.lineage.resumed(state.get("lineage"), self.version)
-        for agent, draws in state.get("draws", {}).items():  # a checkpoint older than draw numbers has none
-            if agent in self.trained:
-                self.trained[agent] = DrawSet.from_state(draws)
-        log.info("resumed from %s at version %d, written by %s rank(s), on %d (incarnation %s; kept from earlier "
-                 "ones: %s)", ckpt, self.version, state.get("ranks", 1), self.trainer.ranks.size,
-                 self.lineage.incarnation, self.lineage.ancestors)
         return True
