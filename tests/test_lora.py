@@ -82,9 +82,11 @@ def test_bad_adapter_settings_are_refused_naming_the_key(tiny_model_dir, overrid
     assert key in str(err.value)
 
 
-def test_merged_export_without_adapters_and_unknown_target_modules_are_refused(tiny_model_dir):
+def test_adapter_settings_without_adapters_and_unknown_target_modules_are_refused(tiny_model_dir):
     with pytest.raises(ConfigError, match="models.policy.export_merged"):
         read_config(SMOKE, ["models.policy.export_merged=true"])
+    with pytest.raises(ConfigError, match="models.policy.learner_per_adapter"):
+        read_config(SMOKE, ["models.policy.learner_per_adapter=true"])
     cfg = _cfg(tiny_model_dir, "models.base.adapters.solver.target_modules=[nope_proj]")
     with pytest.raises(ValueError, match=r"models\.base\.adapters\.solver\.target_modules"):
         adapter_trainers(cfg, IDS, CPU)
