@@ -361,7 +361,7 @@ class ModelLane:
         for agent, draws in state.get("draws", {}).items():  # a checkpoint older than draw numbers has none
             if agent in self.trained:
                 self.trained[agent] = DrawSet.from_state(draws)
-        log.info("resumed %r from %s at version %d, written by %s rank(s), on %d (incarnation %s; kept from earlier "
-                 "ones: %s)", self.model_id, ckpt, self.version, state.get("ranks", 1), self.trainer.ranks.size,
-                 self.lineage.incarnation, self.lineage.ancestors)
+        log.info("resumed from %s at version %d, written by %s rank(s), on %d (%r, incarnation %s; kept from "
+                 "earlier ones: %s)", ckpt, self.version, state.get("ranks", 1), self.trainer.ranks.size,
+                 self.model_id, self.lineage.incarnation, self.lineage.ancestors)
         return True
