@@ -220,7 +220,9 @@ def report_learners(runs: dict[str, list[dict]]) -> None:
     single = statistics.median(p["peak_rss_mb"] for p in per)
     print("(c) learner processes of 3 agents, peak RSS (all processes) / median update per model:")
     for k in LAYOUTS:
-        print(f"    {k:20s} {len(runs[k])} process(es)  {rss[k]:7.0f} MB  {step[k]:6.2f} s")
+        print(f"    {k:20s} {len(runs[k])} process(es)  {rss[k]:7.0f} MB  {step[k]:6.2f} s  (per process: "
+              + "; ".join(f"{p['peak_rss_mb']:.0f} MB, " + ", ".join(f"{s:.2f}" for s in p["update_s"].values()) + " s"
+                          for p in runs[k]) + ")")
     print(f"    one learner of 3 adapters / one adapter learner: {one[0]['peak_rss_mb'] / single:.2f}x RSS "
           f"(goal <= 1.3x); / three adapter learners {rss[LAYOUTS[0]] / rss[LAYOUTS[1]]:.2f}x; / three full-model "
           f"learners {rss[LAYOUTS[0]] / rss[LAYOUTS[2]]:.2f}x; update per adapter {step[LAYOUTS[0]] / step[LAYOUTS[1]]:.2f}x "
