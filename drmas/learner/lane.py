@@ -94,11 +94,12 @@ class ModelLane:
     then batches from `next_batch` / `poll` go to `train`; `finish()` and `close()` at the end."""
 
     def __init__(self, cfg: DrmasConfig, model_id: str, trainer: PolicyTrainer, tokenizer, fanout: BatchFanout,
-                 stop: StopFlag, order: str) -> None:
+                 stop: StopFlag, order: str, device) -> None:
         self.cfg, self.model_id, self.stop = cfg, model_id, stop
         self.trainer, self.tokenizer, self.model = trainer, tokenizer, trainer.model
         self.fanout = fanout  # the other ranks' batches (none with one rank)
         self.order = order  # the drawing order's fingerprint: saved with the draws trained
+        self.device = device  # the learner rank's device
         self.out = Path(cfg.trainer.output_dir) / f"learner-{model_id}"
         self.agents = assembly.trained_agents(cfg, model_id)
         # what pushes, join syncs and HF checkpoints read: the live parameters, or (sharded) a gather streamed
@@ -114,7 +115,7 @@ class ModelLane:
         self.sender = WeightSender.from_config(cfg.pipeline.weights, host, port, model=model_id,
                                                incarnation=self.lineage.incarnation,
                                                current_weights=self._current_weights,
-                                               curve=server_keys(cfg.pipeline.buffer), device=trainer.device,
+                                               curve=server_keys(cfg.pipeline.buffer), device=device,
                                                dtype=trainer.push_dtype, joins_in_thread=self.source.concurrent)
         self.limits = SampleLimits.of_model(self.model, cfg.pipeline.buffer.max_sample_tokens)
         self.collector = GroupCollector(self.consumer, self.agents, cfg.rollout.prompts_per_step,
@@ -147,7 +148,7 @@ class ModelLane:
         self.prompts = StepRecords(self.out / PROMPTS_FILE, resumed_at=resumed_at)
         self.sender.start()
         log.info("learner of %r (agents %s) at version %d on %s (%s); rollouts join %s (%s)", self.model_id,
-                 self.agents, self.version, self.trainer.device, precision(self.trainer), self.sender.endpoint,
+                 self.agents, self.version, self.device, precision(self.trainer), self.sender.endpoint,
                  self.sender.backend)
         self.report_version()
         self._last = time.monotonic()

@@ -74,7 +74,7 @@ class LearnerWorker:
         checkpoint.seed_everything(cfg.trainer.seed)
         trainers, tokenizer = learner_trainers(cfg, model_ids, ranks, self.device)
         self.fanout = BatchFanout(ranks)  # the other ranks' batches (none with one rank)
-        self.lanes = [ModelLane(cfg, m, t, tokenizer, self.fanout, stop, order.fingerprint())
+        self.lanes = [ModelLane(cfg, m, t, tokenizer, self.fanout, stop, order.fingerprint(), self.device)
                       for m, t in zip(model_ids, trainers)]
 
     @property
