@@ -242,11 +242,7 @@ def update_peak(checkpointing: bool, rank: int) -> None:
                  "algorithm.micro_batch_size=8")
     map_large_blocks(cfg.models["base"].heap_mmap_threshold_kb)  # as a learner process does
     (trainer,), _ = adapter_trainers(cfg, ["base/solver"], CPU)
-    rng = np.random.default_rng(0)
-    samples = [Sample(episode_id=f"e{i}", group_id="g", agent="solver", model="m", turn=0,
-                      prompt_ids=rng.integers(100, 40000, 200).tolist(), response_ids=rng.integers(100, 40000, 80).tolist(),
-                      behaviour_logprobs=np.full(80, -3.0, dtype=np.float32), policy_version=0, temperature=1.0,
-                      valid=True, reward=float(i % 2)) for i in range(8)]
+    samples = synthetic_samples()
     built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     trainer.update(samples, np.array([1.0, -1.0] * 4))
     print(built, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
