@@ -16,33 +16,30 @@ from drmas.learner.policy import PolicyTrainer
 
 
 def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device):
-    """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one). An
-    adapter's: its base frozen in the compute dtype, with this one adapter (`adapter_trainers`). First
-    sets this process's heap up for training (`drmas.learner.heap`)."""
-    from drmas.models.loading import compute_dtype, load_model, torch_dtype
-
-    base, adapter = assembly.split_model(model_id)
-    map_large_blocks(cfg.models[base].heap_mmap_threshold_kb)
-    if adapter is not None:
-        (trainer,), tokenizer = adapter_trainers(cfg, [model_id], device)
-        return trainer, tokenizer
-    mcfg = cfg.models[model_id]
-    model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype, device=device)
-    weights = {a: cfg.agents[a].loss_weight for a in assembly.trained_agents(cfg, model_id)}
-    return PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks,
-                         compute_dtype=torch_dtype(compute_dtype(mcfg, device)),
-                         activation_checkpointing=mcfg.activation_checkpointing), tokenizer
+    """(PolicyTrainer, tokenizer) of `model_id` on `device`, over `ranks` (every learner rank builds one): what
+    `learner_trainers` builds for this one model id."""
+    (trainer,), tokenizer = learner_trainers(cfg, [model_id], ranks, device)
+    return trainer, tokenizer
 
 
 def learner_trainers(cfg: DrmasConfig, ids: Sequence[str], ranks, device: torch.device):
     """`(trainers, tokenizer)` of a learner process training the model ids `ids` (`drmas.config.derived
-    .learner_processes`): one model's, or one per adapter of one base over one shared copy of it."""
-    if len(ids) == 1:
-        trainer, tokenizer = trained_policy(cfg, ids[0], ranks, device)
-        return [trainer], tokenizer
+    .learner_processes`): one model's, or one per adapter of one base over one shared copy of it, frozen in
+    the compute dtype (`adapter_trainers`). First sets this process's heap up for training
+    (`drmas.learner.heap`)."""
+    from drmas.models.loading import compute_dtype, load_model, torch_dtype
+
     (base,) = {assembly.split_model(m)[0] for m in ids}
     map_large_blocks(cfg.models[base].heap_mmap_threshold_kb)
-    return adapter_trainers(cfg, ids, device, ranks)
+    if cfg.models[base].adapters:
+        return adapter_trainers(cfg, ids, device, ranks)
+    (model_id,) = ids
+    mcfg = cfg.models[model_id]
+    model, tokenizer = load_model(assembly.model_path(cfg, model_id), dtype=mcfg.dtype, device=device)
+    weights = {a: cfg.agents[a].loss_weight for a in assembly.trained_agents(cfg, model_id)}
+    return [PolicyTrainer(model_id, model, mcfg.optim, cfg.algorithm, weights, ranks=ranks,
+                          compute_dtype=torch_dtype(compute_dtype(mcfg, device)),
+                          activation_checkpointing=mcfg.activation_checkpointing)], tokenizer
 
 
 def adapter_trainers(cfg: DrmasConfig, ids: Sequence[str], device, ranks=None):
