@@ -218,6 +218,12 @@ def measure_learner(config: str, samples_file: Path, out_dir: Path, overrides: l
         from drmas.weights import WeightSender
     cfg = assembly.load_config(CODE / config, overrides)
     (model_id,) = assembly.trained_models(cfg)
+    try:  # as drmas-learner does before any tensor (the baseline tree has no such setting)
+        from drmas.learner.heap import advise_huge_pages
+
+        advise_huge_pages(assembly.model_config(cfg, model_id).huge_pages)
+    except (ImportError, AttributeError):
+        pass
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
     steps = load_samples(samples_file)

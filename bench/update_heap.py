@@ -14,8 +14,10 @@ warm-up), each split into phases by hooks: the model's forward with gradients (l
 `optimizer.step`, and the rest (backward with checkpointed layers recomputed, the loss, collation). Per
 update: wall and CPU seconds, minor page faults, peak RSS.
 
-Settings: glibc's default heap; the learner's 1024 KiB threshold; the threshold with transparent huge pages
-for the mapped blocks (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc >= 2.35, THP in madvise mode).
+Settings: glibc's default heap; the 1024 KiB threshold alone; the threshold with PyTorch's transparent huge
+pages for tensors of 2 MiB or more (`models.<id>.huge_pages`, the learner's default); the threshold with glibc's
+own huge-page tunable for its mapped blocks (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc >= 2.35); glibc's
+default heap with PyTorch's huge pages. Huge pages need the kernel's THP mode `madvise` or `always`.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ from drmas.config import read_config  # noqa: E402
 from drmas.core.sample import Sample  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = {  # name: (heap_mmap_threshold_kb, extra environment)
-    "glibc default": (0, {}),
-    "threshold 1024 KiB (learner)": (1024, {}),
-    "threshold + huge pages": (1024, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}),
+SETTINGS = {  # name: (heap_mmap_threshold_kb, huge_pages, extra environment)
+    "glibc default": (0, False, {}),
+    "threshold 1024 KiB": (1024, False, {}),
+    "threshold + THP (learner)": (1024, True, {}),
+    "threshold + glibc hugetlb": (1024, False, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}),
+    "glibc default + THP": (0, True, {}),
 }
 
 
@@ -79,11 +83,14 @@ class Phases:
 
 def child(setting: str, reps: int, n_samples: int) -> None:
     """One setting in this fresh process: print one JSON line of per-update figures."""
+    from drmas.learner.heap import advise_huge_pages
     from drmas.learner.trainers import trained_policy
 
-    threshold, _ = SETTINGS[setting]
+    threshold, huge_pages, _ = SETTINGS[setting]
     cfg = read_config(ROOT / "configs" / "quickstart.yaml",
-                      [f"models.smollm2.heap_mmap_threshold_kb={threshold}", f"algorithm.micro_batch_size={n_samples}"])
+                      [f"models.smollm2.heap_mmap_threshold_kb={threshold}", f"models.smollm2.huge_pages={huge_pages}",
+                       f"algorithm.micro_batch_size={n_samples}"])
+    advise_huge_pages(huge_pages)  # as drmas-learner does at its start, before any tensor
     (model_id,) = [m for m in cfg.models]
     trainer, _ = trained_policy(cfg, model_id, None, torch.device("cpu"))
     phases = Phases(trainer.model, trainer.optimizer)
@@ -104,7 +111,7 @@ def child(setting: str, reps: int, n_samples: int) -> None:
 
 
 def run_child(setting: str, reps: int, n_samples: int, threads: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads), **SETTINGS[setting][1]}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads), **SETTINGS[setting][2]}
     done = subprocess.run([sys.executable, __file__, "--child", setting, "--reps", str(reps), "--samples",
                            str(n_samples), "--threads", str(threads)], capture_output=True, text=True, env=env)
     if done.returncode:
@@ -117,6 +124,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", nargs="+", choices=sorted(SETTINGS), help="these settings (default: all); the first is the baseline")
     parser.add_argument("--child", choices=sorted(SETTINGS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -126,7 +134,7 @@ def main() -> None:
     print(f"SmolLM2-135M full model, {args.samples} x 280 tokens, {args.threads} thread(s), load "
           f"{os.getloadavg()[0]:.1f}; median of {args.reps} updates after a warm-up", flush=True)
     base = None
-    for setting in SETTINGS:
+    for setting in args.only or SETTINGS:
         out = run_child(setting, args.reps, args.samples, args.threads)
         med = {k: statistics.median(u[k] for u in out["updates"]) for k in out["updates"][0]}
         base = base or med

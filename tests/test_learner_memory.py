@@ -10,6 +10,7 @@ response positions through the head, padded micro-batches with accumulated gradi
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -186,3 +187,41 @@ def test_mapped_large_blocks_return_freed_tensor_memory_to_the_system():
     learner's setting (1 MiB) they are given back at once."""
     assert _kept_after_free(0) == (False, pytest.approx(100, abs=15))
     assert _kept_after_free(1024) == (True, pytest.approx(0, abs=15))
+
+
+THP_PROBE = """
+import sys, torch
+from drmas.learner.heap import advise_huge_pages, huge_pages_in_effect
+if sys.argv[1] == "late":  # a tensor before the advice: the allocator has read its setting already
+    torch.ones(1)
+advise_huge_pages(sys.argv[1] != "off")
+def huge_kb():
+    return int(open("/proc/self/smaps_rollup").read().split("AnonHugePages:")[1].split()[0])
+before = huge_kb()
+block = torch.ones(16 << 20)  # 64 MB, every page written
+print(huge_pages_in_effect(), (huge_kb() - before) / 1024)
+"""
+
+
+def _thp_mode() -> str:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "never"
+    return text.split("[")[1].split("]")[0]
+
+
+@pytest.mark.parametrize("when", ["early", "late", "off"])
+def test_huge_pages_are_taken_only_when_advised_before_the_first_tensor(when):
+    """models.<id>.huge_pages: advised before any tensor (as drmas-learner does at its start), a 64 MB tensor is
+    page-aligned and, where the kernel's THP mode allows, backed by huge pages; advised after a tensor, or not
+    at all, PyTorch's allocator keeps its 64-byte alignment (and huge_pages_in_effect says so)."""
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    out = subprocess.run([sys.executable, "-c", THP_PROBE, when], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    in_effect, huge_mb = out[0] == "True", float(out[1])
+    assert in_effect == (when == "early")
+    if when == "early" and _thp_mode() == "madvise":
+        assert huge_mb >= 32  # most of the 64 MB in 2 MB pages
+    if _thp_mode() != "always":
+        assert (huge_mb < 8) == (when != "early")

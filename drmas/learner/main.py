@@ -9,6 +9,7 @@ import sys
 
 from drmas.assembly import load_or_exit
 from drmas.config.derived import model_config
+from drmas.learner.heap import advise_huge_pages
 from drmas.runtime.launcher_watch import watch_launcher
 from drmas.runtime.process import StopFlag, config_parser, die_with_torchrun, setup_logging
 
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"drmas-learner: --model: {exc}", file=sys.stderr)
         return 2
+    # before any tensor is allocated: PyTorch's allocator reads the setting once (drmas.learner.heap)
+    advise_huge_pages(model_config(cfg, model_ids[0]).huge_pages)
     if int(os.environ.get("RANK", "0")) > 0:  # a further rank of a sharded learner (torchrun): follows rank 0
         return follow_rank_0(cfg, args.model)
     watch_launcher(stop)  # rank 0 only: the other ranks end with torchrun, which ends with rank 0

@@ -5,14 +5,17 @@ tasks) and sits below the learner: the training side is the learner's own."""
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import torch
 
 from drmas import assembly
 from drmas.config.schema import DrmasConfig
-from drmas.learner.heap import map_large_blocks
+from drmas.learner.heap import huge_pages_in_effect, map_large_blocks
 from drmas.learner.policy import PolicyTrainer
+
+log = logging.getLogger(__name__)
 
 
 def trained_policy(cfg: DrmasConfig, model_id: str, ranks, device: torch.device):
@@ -31,6 +34,9 @@ def learner_trainers(cfg: DrmasConfig, ids: Sequence[str], ranks, device: torch.
 
     (base,) = {assembly.split_model(m)[0] for m in ids}
     map_large_blocks(cfg.models[base].heap_mmap_threshold_kb)
+    if cfg.models[base].huge_pages:  # asked for by `drmas-learner` at its start (`advise_huge_pages`)
+        log.info("huge pages for tensors of 2 MiB or more: %s", "yes" if huge_pages_in_effect() else
+                 "no (this process allocated tensors before drmas.learner.heap.advise_huge_pages)")
     if cfg.models[base].adapters:
         return adapter_trainers(cfg, ids, device, ranks)
     (model_id,) = ids
