@@ -286,6 +286,9 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--steps", type=int, help="steps per run (default: parity 20, speed 6; quick 2)")
     parser.add_argument("--collect", action="store_true", help="run nothing: the report of the runs in OUT")
+    parser.add_argument("--frameworks", nargs="+", choices=sorted(RUNNERS),
+                        help="run only these (default: parity drmas and trl; speed all three); the report covers "
+                             "every run in OUT")
     parser.add_argument("--out", default="runs/peer")
     parser.add_argument("--png", help="parity's plot (default OUT/peer.png)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the config, for every run")
@@ -295,6 +298,7 @@ def main() -> None:
     seeds = 1 if not parity else args.seeds or (2 if args.quick else 3)
     overrides = [*(QUICK if args.quick else []), *args.overrides]
     frameworks = ("drmas", "trl") if parity else ("drmas", "drmas_async", "trl")
+    ran = args.frameworks or frameworks
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.what == "grad":
@@ -302,7 +306,7 @@ def main() -> None:
     start = time.monotonic()
     if not args.collect:
         for seed in range(args.first_seed, args.first_seed + seeds):
-            for framework in frameworks:
+            for framework in ran:
                 run_one(framework, args.config, seed, steps, overrides, out)
     runs = [r for r in collected(out) if r["framework"] in frameworks]
     if not runs:

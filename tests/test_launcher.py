@@ -139,6 +139,8 @@ def test_launcher_runs_the_pipeline_through_a_dead_rollout_and_a_dead_learner(tm
     for name in ("buffer", "learner-policy", "rollout-0", "rollout-1"):  # merged, and each in its own log file
         assert f"[{name}] " in output and "INFO" in (out / name / "process.log").read_text()
         assert name == "learner-policy" or read_metrics(out / name / "metrics.jsonl")
+    # models.<id>.huge_pages: advised at the learner's start, before its first tensor, so in effect
+    assert "huge pages for tensors of 2 MiB or more: yes" in (out / "learner-policy" / "process.log").read_text()
     assert (out / "config.yaml").read_text().count(":0\n") == 0  # children got real ports
     # held-out accuracy of the initial models and of the learner's final checkpoint, as in colocated runs
     assert "held-out accuracy before training" in output and "held-out accuracy after training" in output
@@ -221,6 +223,9 @@ def test_smoke_async_trains_two_models_one_of_them_on_two_learner_ranks(tmp_path
         records = read_metrics(out / f"learner-{model}" / "metrics.jsonl")
         assert [r["step"] for r in records] == [1, 2, 3]
         assert all(r[f"staleness/{agent}/max"] <= 1 for r in records)  # pipeline.max_staleness=1
+        # how generation paced this model's updates, from the run's metrics (drmas.runtime.pace)
+        assert re.search(rf"\[launcher\] pace of {model}: generation [\d.]+ s / update [\d.]+ s a step \(r = [\d.]+\)",
+                         done.stdout), done.stdout[-3000:]
     norms = [r["grad_norm/solver_model"] for r in read_metrics(out / "learner-solver_model" / "metrics.jsonl")]
     # a step may see only groups of equal rewards (zero advantages, zero gradient): not every step moves
     assert all(math.isfinite(n) and n >= 0 for n in norms) and max(norms) > 0, norms

@@ -47,3 +47,21 @@ def resume_hint(cfg: DrmasConfig, signal_name: Optional[str]) -> str:
         saved.append(f"learner-{model_id} at {newest.name if newest else 'no checkpoint'}")
     how = f"stopped by {signal_name or 'request'}"
     return f"{how}: {', '.join(saved)}; continue with trainer.resume=true"
+
+
+def pace_lines(cfg: DrmasConfig, run_dir: Path) -> list[str]:
+    """How generation and each trained model's updates paced each other (`drmas.runtime.pace`), from the
+    metrics of the run's learners and rollouts; nothing for a model without the figures."""
+    from drmas.runtime.pace import pace_of
+
+    rollouts = [read_metrics(p) for p in sorted(run_dir.glob(f"rollout-*/{METRICS_FILE}"))]
+    lines = []
+    for model_id in assembly.trained_models(cfg):
+        path = run_dir / f"learner-{model_id}" / METRICS_FILE
+        if not rollouts or not path.is_file():
+            continue
+        pace = pace_of(model_id, read_metrics(path), rollouts, cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+                       cfg.pipeline.max_staleness)
+        if pace is not None:
+            lines.append(pace.line())
+    return lines
