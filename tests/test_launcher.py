@@ -226,6 +226,8 @@ def test_smoke_async_trains_two_models_one_of_them_on_two_learner_ranks(tmp_path
         # how generation paced this model's updates, from the run's metrics (drmas.runtime.pace)
         assert re.search(rf"\[launcher\] pace of {model}: generation [\d.]+ s / update [\d.]+ s a step \(r = [\d.]+\)",
                          done.stdout), done.stdout[-3000:]
+        (logged,) = read_metrics(out / "pace" / "metrics.jsonl")
+        assert logged["step"] == 3 and logged[f"pace/{model}/generation_update_ratio"] > 0
     norms = [r["grad_norm/solver_model"] for r in read_metrics(out / "learner-solver_model" / "metrics.jsonl")]
     # a step may see only groups of equal rewards (zero advantages, zero gradient): not every step moves
     assert all(math.isfinite(n) and n >= 0 for n in norms) and max(norms) > 0, norms

@@ -54,3 +54,9 @@ def test_no_pace_without_a_second_learner_step_or_a_busy_rollout():
     assert pace_of("m", _learner("m", [60.0]), [_rollout([0.5] * 3, [1.0] * 3)], 8, 1) is None
     assert pace_of("m", _learner("m", [60.0, 20.0]), [_rollout([0.0] * 3, [0.0] * 3)], 8, 1) is None
     assert pace_of("m", _learner("m", [60.0, 20.0]), [], 8, 1) is None
+
+
+def test_pace_scalars_name_the_model():
+    pace = Pace("m", generation_s=3.0, update_s=12.0, push_s=0.1, idle=0.05, rollouts=1, max_staleness=1)
+    assert pace.scalars() == {"pace/m/generation_seconds": 3.0, "pace/m/update_seconds": 12.0,
+                              "pace/m/generation_update_ratio": 0.25, "pace/m/learner_idle": 0.05}

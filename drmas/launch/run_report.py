@@ -18,6 +18,7 @@ from drmas.models import checkpoint
 from drmas.runtime.metrics import METRICS_FILE, MetricsWriter, read_metrics
 
 EVAL_DIR = "eval"
+PACE_DIR = "pace"
 
 
 def log_accuracy(cfg: DrmasConfig, run_dir: Path, step: int, accuracy: Mapping[str, Optional[float]]) -> None:
@@ -49,13 +50,15 @@ def resume_hint(cfg: DrmasConfig, signal_name: Optional[str]) -> str:
     return f"{how}: {', '.join(saved)}; continue with trainer.resume=true"
 
 
-def pace_lines(cfg: DrmasConfig, run_dir: Path) -> list[str]:
+def report_pace(cfg: DrmasConfig, run_dir: Path) -> list[str]:
     """How generation and each trained model's updates paced each other (`drmas.runtime.pace`), from the
-    metrics of the run's learners and rollouts; nothing for a model without the figures."""
+    metrics of the run's learners and rollouts: one line per model, also logged as `pace/<model>/...` at the
+    run's last step under `<run_dir>/pace/` (TensorBoard and metrics.jsonl); nothing for a model without the
+    figures."""
     from drmas.runtime.pace import pace_of
 
     rollouts = [read_metrics(p) for p in sorted(run_dir.glob(f"rollout-*/{METRICS_FILE}"))]
-    lines = []
+    lines, scalars = [], {}
     for model_id in assembly.trained_models(cfg):
         path = run_dir / f"learner-{model_id}" / METRICS_FILE
         if not rollouts or not path.is_file():
@@ -64,4 +67,9 @@ def pace_lines(cfg: DrmasConfig, run_dir: Path) -> list[str]:
                        cfg.pipeline.max_staleness)
         if pace is not None:
             lines.append(pace.line())
+            scalars.update(pace.scalars())
+    if scalars:
+        writer = MetricsWriter(run_dir / PACE_DIR, tensorboard=cfg.logging.tensorboard)
+        writer.log(cfg.trainer.steps, scalars)
+        writer.close()
     return lines

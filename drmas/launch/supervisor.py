@@ -133,7 +133,7 @@ class Supervisor(ABC):
     def run(self) -> int:
         """0 when every learner finished its steps; 1 when a process could not be recovered; 2 when the run
         could not start (output directory, data, models, machine, placement); 130 when interrupted."""
-        from drmas.launch.run_report import log_accuracy, logged_accuracy, pace_lines, resume_hint
+        from drmas.launch.run_report import log_accuracy, logged_accuracy, report_pace, resume_hint
 
         stop = StopFlag()
         try:
@@ -176,7 +176,7 @@ class Supervisor(ABC):
                 if None not in (accuracy.get("before"), accuracy["after"]):
                     self._say("launcher", f"held-out accuracy: {accuracy['before']:.3f} -> {accuracy['after']:.3f}")
                 self._final_interval_eval()
-                for line in pace_lines(self.cfg, run_dir):
+                for line in report_pace(self.cfg, run_dir):
                     self._say("launcher", line)
             elif code == 130:
                 self._say("launcher", resume_hint(self.cfg, stop.signal_name))

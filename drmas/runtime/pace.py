@@ -35,6 +35,11 @@ class Pace:
     def ratio(self) -> float:
         return self.generation_s / self.update_s if self.update_s > 0 else math.inf
 
+    def scalars(self) -> dict[str, float]:
+        m = self.model
+        return {f"pace/{m}/generation_seconds": self.generation_s, f"pace/{m}/update_seconds": self.update_s,
+                f"pace/{m}/generation_update_ratio": self.ratio, f"pace/{m}/learner_idle": self.idle}
+
     def line(self) -> str:
         r = self.ratio
         head = (f"pace of {self.model}: generation {self.generation_s:.1f} s / update {self.update_s:.1f} s a step "
