@@ -164,3 +164,24 @@ def test_running_stats_see_every_consumed_reward():
     stats = AgentRewardStats()
     group_advantages([_part("g1", "a", {"e1": 1.0, "e2": 0.0})], AlgorithmConfig(), stats)
     assert stats.count("a") == 2 and stats.mean("a") == pytest.approx(0.5)
+
+
+def test_collector_keeps_whole_groups_past_the_step_for_the_next_one():
+    """Agents a and b, but the episodes called only a: the pull for 2 groups x 2 agents brings 4 of a's groups.
+    A step trains its 2 groups (a step of 4 would be two steps' samples in one update); the other 2 are the next
+    step's, first in line and checked against the bound again there."""
+    parts = [_part(f"g{i}", "a", {f"e{i}": float(i % 2)}, version=v) for i, v in enumerate((4, 4, 4, 5))]
+    consumer = FakeConsumer(parts)
+    collector = GroupCollector(consumer, ["a", "b"], groups_per_step=2, max_staleness=1,
+                               stop=StopFlag(install=False), poll_ms=0)
+    batch = collector.next_batch(version=5)
+    assert consumer.pulls == [4] and [p.group_id for p in batch.groups] == ["g0", "g1"]
+    batch = collector.next_batch(version=5)  # the next step's two, without a pull
+    assert consumer.pulls == [4] and [p.group_id for p in batch.groups] == ["g2", "g3"]
+    consumer.parts = [_part(f"g{i}", "a", {f"e{i}": 1.0}, version=v) for i, v in ((4, 4), (5, 5), (6, 6), (7, 6))]
+    batch = collector.next_batch(version=6)
+    assert [p.group_id for p in batch.groups] == ["g5", "g6"] and batch.dropped == {"stale": 1}  # g4, 2 behind
+    consumer.parts = [_part(f"g{i}", "a", {f"e{i}": 1.0}, version=8) for i in (8, 9)]
+    batch = collector.next_batch(version=8)  # g7 (version 6) waited: 2 behind now, dropped there
+    assert consumer.pulls == [4, 4, 4] and [p.group_id for p in batch.groups] == ["g8", "g9"]
+    assert batch.dropped == {"stale": 1} and consumer.reports[-1] == ("a", ["g7"], 1, "stale")

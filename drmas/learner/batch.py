@@ -106,6 +106,7 @@ class GroupCollector:
         self.report_after_s = WAIT_REPORT_S
         self._foreign: Counter = Counter()  # (incarnation, version) -> samples dropped as orphaned while waiting
         self._pending: _Pending | None = None  # the batch being collected
+        self._ahead: list[AgentGroup] = []  # parts of groups beyond a step's, pulled with it: the next step's first
 
     def next_batch(self, version: int, lineage: Lineage | None = None) -> StepBatch | None:
         """The groups the update from `version` trains on; None once stopped. With `lineage`, parts with
@@ -124,6 +125,9 @@ class GroupCollector:
         if self._pending is None:
             self._pending = _Pending(StepBatch([], 0.0), set(), now, now)
             self._foreign.clear()
+            ahead, self._ahead = self._ahead, []
+            if self._admit(ahead, version, lineage):
+                return self._complete()
         p, batch = self._pending, self._pending.batch
         if now - p.report_at >= self.report_after_s:
             p.report_at = now
@@ -140,17 +144,30 @@ class GroupCollector:
             parts = []
         batch.wait_s += time.monotonic() - start
         batch.dropped.update(self.consumer.pop_undecodable())
+        return self._complete() if self._admit(parts, version, lineage) else None
+
+    def _admit(self, parts: Sequence[AgentGroup], version: int, lineage: Lineage | None) -> bool:
+        """Put `parts` into the pending batch (or drop them, or keep those of groups past the step's for the next
+        one); whether the batch has its `groups_per_step` groups now. A pull asks for the missing groups' parts
+        of every agent, so where some agent has no part in them (a role the episodes never called) it can bring
+        whole groups past the step's: they are the next step's, not more of this one."""
+        p, batch = self._pending, self._pending.batch
         for part in parts:
             reason = self._refusal(part, version, lineage, batch)
             if reason is not None:
                 self._drop(part, reason, batch)
                 continue
+            counted = part.draw < 0 or self.makeup is None or not self.makeup(part)
+            if counted and part.group_id not in p.group_ids and len(p.group_ids) >= self.groups_per_step:
+                self._ahead.append(part)
+                continue
             batch.groups.append(part)
-            if part.draw < 0 or self.makeup is None or not self.makeup(part):
+            if counted:
                 p.group_ids.add(part.group_id)
-        if len(p.group_ids) < self.groups_per_step:
-            return None
-        self._pending = None
+        return len(p.group_ids) >= self.groups_per_step
+
+    def _complete(self) -> StepBatch:
+        batch, self._pending = self._pending.batch, None
         return batch
 
     def _refusal(self, part: AgentGroup, version: int, lineage: Lineage | None, batch: StepBatch) -> str | None:
