@@ -126,14 +126,16 @@ class GroupCollector:
             self._pending = _Pending(StepBatch([], 0.0), set(), now, now)
             self._foreign.clear()
             ahead, self._ahead = self._ahead, []
-            if self._admit(ahead, version, lineage):
-                return self._complete()
+        else:
+            ahead = []
         p, batch = self._pending, self._pending.batch
         if now - p.report_at >= self.report_after_s:
             p.report_at = now
             log.warning(self._waiting(version, len(p.group_ids), batch, now - p.started, lineage))
         if self.idle is not None:
             self.idle()
+        if ahead and self._admit(ahead, version, lineage):  # the groups the last step's pull brought past it
+            return self._complete()
         wanted = (self.groups_per_step - len(p.group_ids)) * len(self.agents)
         start = time.monotonic()
         try:
