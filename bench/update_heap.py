@@ -15,9 +15,11 @@ warm-up), each split into phases by hooks: the model's forward with gradients (l
 update: wall and CPU seconds, minor page faults, peak RSS.
 
 Settings: glibc's default heap; the 1024 KiB threshold alone; the threshold with PyTorch's transparent huge
-pages for tensors of 2 MiB or more (`models.<id>.huge_pages`, the learner's default); the threshold with glibc's
-own huge-page tunable for its mapped blocks (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc >= 2.35); glibc's
-default heap with PyTorch's huge pages. Huge pages need the kernel's THP mode `madvise` or `always`.
+pages for tensors of 2 MiB or more (`models.<id>.huge_pages`; the learner's setting where jemalloc is missing);
+the threshold with glibc's own huge-page tunable for its mapped blocks (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`,
+glibc >= 2.35); glibc's default heap with PyTorch's huge pages; jemalloc preloaded (`models.<id>.allocator`),
+without and with huge pages (the learner's default). Huge pages need the kernel's THP mode `madvise` or
+`always`; jemalloc needs libjemalloc2 (`make jemalloc`).
 """
 
 from __future__ import annotations
@@ -39,14 +41,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drmas.config import read_config  # noqa: E402
 from drmas.core.sample import Sample  # noqa: E402
+from drmas.learner.allocator import jemalloc_library  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+JEMALLOC = {"LD_PRELOAD": jemalloc_library() or "libjemalloc.so.2"}  # as drmas-learner preloads it
 SETTINGS = {  # name: (heap_mmap_threshold_kb, huge_pages, extra environment)
     "glibc default": (0, False, {}),
     "threshold 1024 KiB": (1024, False, {}),
-    "threshold + THP (learner)": (1024, True, {}),
+    "threshold + THP (glibc fallback)": (1024, True, {}),
     "threshold + glibc hugetlb": (1024, False, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}),
     "glibc default + THP": (0, True, {}),
+    "jemalloc": (0, False, JEMALLOC),
+    "jemalloc + THP (learner)": (0, True, JEMALLOC),
 }
 
 

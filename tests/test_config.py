@@ -71,6 +71,7 @@ def test_wrong_type_names_key():
         ("algorithm.singleton_clip=0", "algorithm.singleton_clip"),
         ("models.policy.collective_timeout_s=0", "models.policy.collective_timeout_s"),
         ("models.policy.heap_mmap_threshold_kb=65536", "models.policy.heap_mmap_threshold_kb"),
+        ("models.policy.allocator=tcmalloc", "models.policy.allocator"),
     ],
 )
 def test_impossible_values_name_the_key(override, key):

@@ -18,6 +18,7 @@ from pipeline_harness import smoke_async_models  # noqa: F401  (a fixture)
 from drmas import assembly
 from drmas.config import read_config
 from drmas.launch.local import assign_ports
+from drmas.learner.allocator import jemalloc_library
 from drmas.runtime.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,8 +140,12 @@ def test_launcher_runs_the_pipeline_through_a_dead_rollout_and_a_dead_learner(tm
     for name in ("buffer", "learner-policy", "rollout-0", "rollout-1"):  # merged, and each in its own log file
         assert f"[{name}] " in output and "INFO" in (out / name / "process.log").read_text()
         assert name == "learner-policy" or read_metrics(out / name / "metrics.jsonl")
-    # models.<id>.huge_pages: advised at the learner's start, before its first tensor, so in effect
-    assert "huge pages for tensors of 2 MiB or more: yes" in (out / "learner-policy" / "process.log").read_text()
+    # models.<id>.huge_pages: advised at the learner's start, before its first tensor, so in effect; and
+    # models.<id>.allocator: jemalloc preloaded by the learner's re-execution at its start (restarted too)
+    learner_log = (out / "learner-policy" / "process.log").read_text()
+    assert "huge pages for tensors of 2 MiB or more: yes" in learner_log
+    malloc = "malloc: jemalloc" if jemalloc_library() else "jemalloc: libjemalloc not found"
+    assert learner_log.count(malloc) == 2, learner_log[-3000:]  # the learner and the restarted one
     assert (out / "config.yaml").read_text().count(":0\n") == 0  # children got real ports
     # held-out accuracy of the initial models and of the learner's final checkpoint, as in colocated runs
     assert "held-out accuracy before training" in output and "held-out accuracy after training" in output

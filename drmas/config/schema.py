@@ -31,6 +31,7 @@ DTYPES = ("float32", "bfloat16")
 DEVICE_SPEC = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")  # models.<id>.device
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 PIPELINE_MODES = ("colocated", "async")
+ALLOCATORS = ("jemalloc", "glibc")  # models.<id>.allocator (drmas.learner.allocator)
 HEAP_MMAP_THRESHOLD_MAX_KB = 32 * 1024  # models.<id>.heap_mmap_threshold_kb: glibc refuses above 32 MiB on 64-bit
 ADAPTER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # models.<id>.adapters keys (peft module keys, vLLM names)
 
@@ -157,17 +158,24 @@ class ModelConfig:
         "8 samples of 280 tokens: 4 GB of activations per micro-batch without it) for about one more forward "
         "pass per micro-batch. false: faster where memory is plentiful. With adapters: the frozen base's layers, "
         "through which every adapter's backward passes.")
+    allocator: str = _f(
+        "jemalloc", "Learner process: its malloc. jemalloc (the system's libjemalloc.so.2, or the file "
+        "DRMAS_JEMALLOC names; Linux) reuses freed tensor memory within a pass and returns it to the system after "
+        "seconds of disuse: SmolLM2-135M's update as fast as with glibc's default heap at the peak of "
+        "heap_mmap_threshold_kb (docs/memory.md). The learner re-executes itself once at its start with the "
+        "library preloaded; where it is missing the learner logs why and keeps glibc's malloc. glibc: glibc's "
+        "malloc with heap_mmap_threshold_kb.")
     heap_mmap_threshold_kb: int = _f(
-        1024, "Learner process (glibc): memory blocks of at least this many KiB get a mapping of their own, returned "
-        "to the system when freed, so the process's resident memory follows its live tensors (glibc's default "
+        1024, "Learner process with glibc's malloc (allocator glibc, or jemalloc not found): memory blocks of at "
+        "least this many KiB get a mapping of their own, returned to the system when freed, so the process's resident memory follows its live tensors (glibc's default "
         "keeps freed training tensors in its heap: SmolLM2-135M's learner peaked 1.3-2.3 GB higher, see "
         "docs/memory.md). Costs page faults, about a quarter more CPU per update on CPU. 0: glibc's default. "
         "At most 32768; the MALLOC_MMAP_THRESHOLD_ environment variable, when set, wins.")
     huge_pages: bool = _f(
         True, "Learner process (Linux): PyTorch's CPU allocator asks for transparent huge pages for every tensor of "
-        "2 MiB or more (THP_MEM_ALLOC_ENABLE), so the fresh mappings of heap_mmap_threshold_kb fault in 2 MiB at a "
-        "time: SmolLM2-135M's update took 1.16x instead of 1.31x glibc's default heap at the same peak memory "
-        "(docs/memory.md). Needs the kernel's THP mode `madvise` or `always`; a THP_MEM_ALLOC_ENABLE already in "
+        "2 MiB or more (THP_MEM_ALLOC_ENABLE), so fresh memory faults in 2 MiB at a time: with "
+        "heap_mmap_threshold_kb SmolLM2-135M's update took 1.16x instead of 1.31x glibc's default heap at the same "
+        "peak memory, with jemalloc 1.05x instead of 1.11x (docs/memory.md). Needs the kernel's THP mode `madvise` or `always`; a THP_MEM_ALLOC_ENABLE already in "
         "the environment wins.")
 
 

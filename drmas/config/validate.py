@@ -15,6 +15,7 @@ from drmas.config.gpus import check_plan
 from drmas.config.schema import (
     ADAPTER_NAME,
     AGGREGATIONS,
+    ALLOCATORS,
     BUILTIN_MODELS,
     DEVICE_SPEC,
     DTYPES,
@@ -65,6 +66,8 @@ def _check_models(cfg: DrmasConfig, errors: list[str]) -> None:
                           "parameters' dtype or a narrower one (set compute_dtype to the dtype, or dtype float32)")
         if m.collective_timeout_s <= 0:
             errors.append(f"{where}.collective_timeout_s: must be > 0, got {m.collective_timeout_s}")
+        if m.allocator not in ALLOCATORS:
+            errors.append(f"{where}.allocator: must be one of {', '.join(ALLOCATORS)}, got {m.allocator!r}")
         if not 0 <= m.heap_mmap_threshold_kb <= HEAP_MMAP_THRESHOLD_MAX_KB:
             errors.append(f"{where}.heap_mmap_threshold_kb: must be in [0, {HEAP_MMAP_THRESHOLD_MAX_KB}], got "
                           f"{m.heap_mmap_threshold_kb}")

@@ -1,4 +1,7 @@
-"""A learner process's C heap: freed tensor memory goes back to the system at once, not kept by malloc.
+"""A learner process's C heap under glibc's malloc: freed tensor memory goes back to the system at once.
+
+A learner uses this where jemalloc does not serve it (`models.<id>.allocator: glibc`, or the library missing:
+`drmas.learner.allocator`, which gets both the speed of glibc's default heap and the peak of the threshold).
 
 Why: glibc's malloc serves a request below its mmap threshold from its heap, and raises that threshold (up
 to 32 MiB) every time a larger mapped block is freed. The tensors of a training pass are a few MB each (one

@@ -7,8 +7,9 @@ import logging
 import os
 import sys
 
-from drmas.assembly import load_or_exit
+from drmas.config import read_config
 from drmas.config.derived import model_config
+from drmas.learner.allocator import use_allocator
 from drmas.learner.heap import advise_huge_pages
 from drmas.runtime.launcher_watch import watch_launcher
 from drmas.runtime.process import StopFlag, config_parser, die_with_torchrun, setup_logging
@@ -23,8 +24,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="id of the learner process: a trained model (a key of `models`), a model with adapters "
                              "(all its trained adapters, over one copy of the base), or one adapter <model>/<adapter>")
     args = parser.parse_args(argv)
+    # before torch is imported: this may re-execute the process with jemalloc preloaded (drmas.learner.allocator)
+    malloc_note = use_allocator(allocator_of(args.config, args.overrides, args.model))
+    from drmas.assembly import load_or_exit
+
     cfg = load_or_exit("drmas-learner", args.config, args.overrides)
     setup_logging(f"learner-{args.model}")
+    if malloc_note:
+        log.warning(malloc_note)
     stop = StopFlag()
     from drmas.learner.worker import LearnerWorker, models_of
     import zmq
@@ -57,6 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         log.info("done: version %d", version)
     return 0
+
+
+def allocator_of(config: str | None, overrides: list[str], model: str) -> str:
+    """`models.<id>.allocator` of this learner's model, read without plugins or torch; glibc where the config
+    does not read (the full load that follows reports why)."""
+    try:
+        return model_config(read_config(config, overrides), model).allocator
+    except Exception:  # noqa: BLE001 - any config error is load_or_exit's to report
+        return "glibc"
 
 
 def follow_rank_0(cfg, model_id: str) -> int:

@@ -12,6 +12,7 @@ import torch
 
 from drmas import assembly
 from drmas.config.schema import DrmasConfig
+from drmas.learner.allocator import jemalloc_loaded
 from drmas.learner.heap import huge_pages_in_effect, map_large_blocks
 from drmas.learner.policy import PolicyTrainer
 
@@ -29,11 +30,14 @@ def learner_trainers(cfg: DrmasConfig, ids: Sequence[str], ranks, device: torch.
     """`(trainers, tokenizer)` of a learner process training the model ids `ids` (`drmas.config.derived
     .learner_processes`): one model's, or one per adapter of one base over one shared copy of it, frozen in
     the compute dtype (`adapter_trainers`). First sets this process's heap up for training
-    (`drmas.learner.heap`)."""
+    (`drmas.learner.heap`, unless jemalloc serves it: `drmas.learner.allocator`)."""
     from drmas.models.loading import compute_dtype, load_model, torch_dtype
 
     (base,) = {assembly.split_model(m)[0] for m in ids}
-    map_large_blocks(cfg.models[base].heap_mmap_threshold_kb)
+    if jemalloc_loaded():  # preloaded by `drmas-learner` at its start (drmas.learner.allocator)
+        log.info("malloc: jemalloc")
+    else:
+        map_large_blocks(cfg.models[base].heap_mmap_threshold_kb)
     if cfg.models[base].huge_pages:  # asked for by `drmas-learner` at its start (`advise_huge_pages`)
         log.info("huge pages for tensors of 2 MiB or more: %s", "yes" if huge_pages_in_effect() else
                  "no (this process allocated tensors before drmas.learner.heap.advise_huge_pages)")
