@@ -26,8 +26,9 @@ Per config (configs/quickstart.yaml; configs/search_quickstart.yaml, whose promp
 
 Peaks are the kernel's high-water mark of the process's resident memory (VmHWM), reset at every phase
 boundary (/proc/self/clear_refs), so a phase's peak is exact, not sampled. Inside an update the boundaries
-are the model's forward (forward pre-hook and hook on the model), `Tensor.backward` and `optimizer.step`:
-"forward" is the model's forward with gradients, "log-softmax + loss" what follows it up to the backward,
+are the decoder's forward (forward pre-hook and hook on `model.get_decoder()`), `Tensor.backward` and
+`optimizer.step`: "forward" is the decoder's forward with gradients, "log-softmax + loss" what follows it up to
+the backward (the LM head included: the learner fuses it with the log-softmax, `drmas.engines.fused_head`),
 "backward" includes the recomputation of checkpointed layers. The held-out evaluation is measured with this
 tree only (issue 25 changed nothing there). Each figure is printed with the machine's load average.
 
@@ -130,7 +131,8 @@ def update_phases(phases: Phases, trainer):
         finally:
             phases.mark("update: rest")
 
-    hooks = [model.register_forward_pre_hook(pre_forward), model.register_forward_hook(post_forward)]
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model  # the head is fused in the chunks
+    hooks = [decoder.register_forward_pre_hook(pre_forward), decoder.register_forward_hook(post_forward)]
     torch.Tensor.backward, optimizer.step = backward, step
     try:
         phases.mark("update: rest")

@@ -10,7 +10,7 @@ process settings in which they differ is the heap: a learner process maps every 
 tensor of every pass is a fresh mapping whose pages fault in; the colocated loop keeps glibc's default. Each
 setting below runs in a fresh process (a heap setting holds for a process's life), builds the model's
 `PolicyTrainer` as `drmas-learner` does, and takes `--reps` + 1 updates of the same samples (the first a
-warm-up), each split into phases by hooks: the model's forward with gradients (log-prob recompute included),
+warm-up), each split into phases by hooks: the decoder's forward with gradients (log-prob recompute included),
 `optimizer.step`, and the rest (backward with checkpointed layers recomputed, the loss, collation). Per
 update: wall and CPU seconds, minor page faults, peak RSS.
 
@@ -66,13 +66,14 @@ def samples(n: int) -> list[Sample]:
 
 
 class Phases:
-    """Seconds spent in the model's forward and in `optimizer.step`, by hooks."""
+    """Seconds spent in the decoder's forward and in `optimizer.step`, by hooks."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.seconds = {"forward": 0.0, "optimizer": 0.0}
         self._start: dict[str, float] = {}
-        model.register_forward_pre_hook(lambda *_: self._begin("forward"))
-        model.register_forward_hook(lambda *_: self._end("forward"))
+        decoder = model.get_decoder()  # the LM head is fused with the log-softmax (drmas.engines.fused_head)
+        decoder.register_forward_pre_hook(lambda *_: self._begin("forward"))
+        decoder.register_forward_hook(lambda *_: self._end("forward"))
         optimizer.register_step_pre_hook(lambda *_: self._begin("optimizer"))
         optimizer.register_step_post_hook(lambda *_: self._end("optimizer"))
 

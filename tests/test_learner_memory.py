@@ -153,8 +153,10 @@ def test_an_adapters_learner_recomputes_the_frozen_base_and_trains_the_same(tiny
         assert a["grad_norm/m"] == pytest.approx(b["grad_norm/m"], rel=1e-5)
     assert m_off[1]["grad_norm/m"] > 0
     assert w_on.keys() == w_off.keys() and len(w_on) == 3 * 2 * layers  # A and B of 3 modules per layer
-    for name in w_on:
-        torch.testing.assert_close(w_on[name], w_off[name], rtol=1e-5, atol=1e-7)
+    for name in w_on:  # checkpointed, the head's log-softmax is fused per chunk (drmas.engines.fused_head): its
+        # float rounding differs from the plain one's (1e-7 relative), which Adam's normalisation lifts where a
+        # gradient is near 0 (seen: one element of 256 off by 4e-6 after two steps of 1e-2)
+        torch.testing.assert_close(w_on[name], w_off[name], rtol=1e-4, atol=1e-5)
 
 
 HEAP_PROBE = """

@@ -13,6 +13,8 @@ from typing import Sequence
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from drmas.engines.fused_head import head_logprobs, plain_head
+
 
 def effective_temperature(temperature: float) -> float:
     """The temperature the log-probs are taken at: greedy decoding (0) is scored at temperature 1."""
@@ -51,7 +53,9 @@ def padded_response_logprobs(
 
     Only the last ``max_response_len + 1`` positions go through the LM head, and the log-softmax over the
     vocabulary runs over ``LOGSOFTMAX_CHUNK_BYTES`` of them at a time (`token_logprobs`), so the memory is the
-    head's ``rows x max_response_len x vocab`` logits and one chunk, not several whole copies of them.
+    head's ``rows x max_response_len x vocab`` logits and one chunk, not several whole copies of them. A
+    training pass with activation checkpointing, on a model whose head is a plain linear layer, fuses the head
+    into the chunks too (`drmas.engines.fused_head`): one chunk of logits at a time, forward and backward.
     Gradients flow when grad mode is on. Returns one float32 tensor of length ``response_lengths[row]`` per
     row, on the model's device.
     """
@@ -63,13 +67,19 @@ def padded_response_logprobs(
     if longest == 0:
         return [torch.zeros(0, device=device) for _ in range(rows)]
     ids = ids.to(device)
-    out = model(input_ids=ids, attention_mask=mask.to(device), position_ids=positions.to(device), use_cache=False,
-                logits_to_keep=longest + 1)
     # kept column k predicts column k+1; the last predicts past the end (its target is a dummy, dropped below)
     targets = torch.nn.functional.pad(ids[:, -longest:], (0, 1))
+    temps = [effective_temperature(t) for t in temperatures]
+    inputs = dict(input_ids=ids, attention_mask=mask.to(device), position_ids=positions.to(device), use_cache=False)
     recompute = getattr(model, "is_gradient_checkpointing", False)  # models.<id>.activation_checkpointing
-    token_logp = token_logprobs(out.logits, targets, [effective_temperature(t) for t in temperatures],
-                                recompute)[:, :-1]
+    fused = plain_head(model) if recompute and torch.is_grad_enabled() else None
+    if fused is not None:  # the learner's training pass: head and log-softmax fused per chunk (drmas.engines.fused_head)
+        decoder, weight = fused
+        hidden = decoder(**inputs).last_hidden_state[:, -(longest + 1) :]
+        token_logp = fused_token_logprobs(hidden, weight, targets, temps)[:, :-1]
+    else:
+        out = model(**inputs, logits_to_keep=longest + 1)
+        token_logp = token_logprobs(out.logits, targets, temps, recompute)[:, :-1]
     return [token_logp[row, longest - n :] for row, n in enumerate(response_lengths)]
 
 
@@ -97,9 +107,7 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatures: Se
     those of the whole-tensor computation: every position's log-softmax is computed alone either way."""
     rows, width, vocab = logits.shape
     flat, flat_targets = logits.reshape(rows * width, vocab), targets.reshape(rows * width)
-    temps = None
-    if any(t != 1.0 for t in temperatures):  # dividing by 1 is exact: skip a pass over the logits
-        temps = torch.tensor(temperatures, dtype=torch.float32, device=logits.device).repeat_interleave(width)[:, None]
+    temps = _row_temperatures(temperatures, width, logits.device)
     step = max(1, LOGSOFTMAX_CHUNK_BYTES // (4 * vocab))
     grad = recompute and torch.is_grad_enabled() and logits.requires_grad
     pieces = []
@@ -110,6 +118,25 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatures: Se
         else:
             pieces.append(_chunk_logprobs(part, part_targets, part_temps))
     return torch.cat(pieces).view(rows, width)
+
+
+def _row_temperatures(temperatures: Sequence[float], width: int, device: torch.device) -> torch.Tensor | None:
+    """Each row's temperature repeated over its `width` positions, as a column; None where all are 1 (dividing
+    by 1 is exact: the pass over the logits is skipped)."""
+    if all(t == 1.0 for t in temperatures):
+        return None
+    return torch.tensor(temperatures, dtype=torch.float32, device=device).repeat_interleave(width)[:, None]
+
+
+def fused_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         temperatures: Sequence[float]) -> torch.Tensor:
+    """`token_logprobs` of the head `weight` applied to `hidden` (``rows x positions x hidden``), the head and the
+    log-softmax fused per chunk of ``LOGSOFTMAX_CHUNK_BYTES`` of logits (`drmas.engines.fused_head`)."""
+    rows, width, _ = hidden.shape
+    step = max(1, LOGSOFTMAX_CHUNK_BYTES // (4 * weight.shape[0]))
+    temps = _row_temperatures(temperatures, width, hidden.device)
+    return head_logprobs(hidden.reshape(rows * width, -1), weight, targets.reshape(rows * width), temps,
+                         step).view(rows, width)
 
 
 def sequence_logprobs(
