@@ -11,7 +11,7 @@ Here each chunk's logits are made, reduced to the target's log-prob and its log-
 makes them again (one more head matmul per chunk, about 1% of an update for SmolLM2), turns them into the gradient
 of the log-probs in place, and adds the weight's share straight into `weight.grad` (addmm into the gradient, no
 separate buffer). The values are the contract's (`drmas.engines.logprobs`): log softmax(logits / T)[target] in
-float32, as logits[target] / T - logsumexp(logits / T).
+float32, by torch's log_softmax as the engines compute it (the same logits give the same log-probs).
 
 It applies only where that is all a model's head does: a bias-free `nn.Linear` on the decoder's last hidden state,
 in a model type known to add nothing between them (no logit scaling or soft-capping), float32 weights in plain
@@ -55,8 +55,11 @@ class _HeadLogprobs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], step):
             end = start + step
             logits = _logits(hidden[start:end], weight, None if temps is None else temps[start:end])
-            lse[start:end] = torch.logsumexp(logits, dim=-1)
-            out[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - lse[start:end]
+            picked = targets[start:end, None]
+            # torch's log_softmax, as the engines take it: another fp32 reduction (logsumexp's) differs by up to
+            # 1e-4 over a 49k vocabulary, which the on-policy check between engine and learner would see
+            out[start:end] = torch.log_softmax(logits, dim=-1).gather(-1, picked).squeeze(-1)
+            lse[start:end] = logits.gather(-1, picked).squeeze(-1) - out[start:end]  # for the backward's softmax
             del logits
         ctx.save_for_backward(hidden, weight, targets, temps, lse)
         ctx.step = step
