@@ -167,16 +167,16 @@ class ModelConfig:
         "malloc with heap_mmap_threshold_kb.")
     heap_mmap_threshold_kb: int = _f(
         1024, "Learner process with glibc's malloc (allocator glibc, or jemalloc not found): memory blocks of at "
-        "least this many KiB get a mapping of their own, returned to the system when freed, so the process's resident memory follows its live tensors (glibc's default "
-        "keeps freed training tensors in its heap: SmolLM2-135M's learner peaked 1.3-2.3 GB higher, see "
-        "docs/memory.md). Costs page faults, about a quarter more CPU per update on CPU. 0: glibc's default. "
+        "least this many KiB get a mapping of their own, returned to the system when freed, so the process's "
+        "resident memory follows its live tensors (glibc's default keeps freed training tensors in its heap: "
+        "SmolLM2-135M's learner peaked 1.3-2.3 GB higher, see docs/memory.md). Costs page faults, about a quarter more CPU per update on CPU. 0: glibc's default. "
         "At most 32768; the MALLOC_MMAP_THRESHOLD_ environment variable, when set, wins.")
     huge_pages: bool = _f(
         True, "Learner process (Linux): PyTorch's CPU allocator asks for transparent huge pages for every tensor of "
         "2 MiB or more (THP_MEM_ALLOC_ENABLE), so fresh memory faults in 2 MiB at a time: with "
         "heap_mmap_threshold_kb SmolLM2-135M's update took 1.16x instead of 1.31x glibc's default heap at the same "
-        "peak memory, with jemalloc 1.05x instead of 1.11x (docs/memory.md). Needs the kernel's THP mode `madvise` or `always`; a THP_MEM_ALLOC_ENABLE already in "
-        "the environment wins.")
+        "peak memory, with jemalloc 1.05x instead of 1.11x (docs/memory.md). Needs the kernel's THP mode "
+        "`madvise` or `always`; a THP_MEM_ALLOC_ENABLE already in the environment wins.")
 
 
 @dataclass

@@ -108,7 +108,7 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatures: Se
     rows, width, vocab = logits.shape
     flat, flat_targets = logits.reshape(rows * width, vocab), targets.reshape(rows * width)
     temps = _row_temperatures(temperatures, width, logits.device)
-    step = max(1, LOGSOFTMAX_CHUNK_BYTES // (4 * vocab))
+    step = _chunk_positions(vocab)
     grad = recompute and torch.is_grad_enabled() and logits.requires_grad
     pieces = []
     for start, (part, part_targets) in enumerate(zip(flat.split(step), flat_targets.split(step))):
@@ -118,6 +118,11 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatures: Se
         else:
             pieces.append(_chunk_logprobs(part, part_targets, part_temps))
     return torch.cat(pieces).view(rows, width)
+
+
+def _chunk_positions(vocab: int) -> int:
+    """Positions per chunk: ``LOGSOFTMAX_CHUNK_BYTES`` of float32 logits over `vocab`, at least one."""
+    return max(1, LOGSOFTMAX_CHUNK_BYTES // (4 * vocab))
 
 
 def _row_temperatures(temperatures: Sequence[float], width: int, device: torch.device) -> torch.Tensor | None:
@@ -133,7 +138,7 @@ def fused_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     """`token_logprobs` of the head `weight` applied to `hidden` (``rows x positions x hidden``), the head and the
     log-softmax fused per chunk of ``LOGSOFTMAX_CHUNK_BYTES`` of logits (`drmas.engines.fused_head`)."""
     rows, width, _ = hidden.shape
-    step = max(1, LOGSOFTMAX_CHUNK_BYTES // (4 * weight.shape[0]))
+    step = _chunk_positions(weight.shape[0])
     temps = _row_temperatures(temperatures, width, hidden.device)
     return head_logprobs(hidden.reshape(rows * width, -1), weight, targets.reshape(rows * width), temps,
                          step).view(rows, width)
