@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from pipeline_harness import SMOKE, free_ports
 from tb_events import tensorboard_scalars
 
@@ -181,3 +183,78 @@ def test_one_learner_trains_each_adapter_on_its_own_agents_groups_and_resumes_ea
         assert [r["step"] for r in rows] == [1, 2, 3]  # went on from its own checkpoint at step 2
         before, after = adapter_weights(model, 2), adapter_weights(model, 3)
         assert before.keys() == after.keys() and any(not (before[k] == after[k]).all() for k in before)
+
+
+# ---- the weight push on a thread of its own (pipeline.weights.background) ----------------------------------
+
+def test_a_background_push_sends_each_version_as_trained_and_the_buffer_hears_of_it_only_after_the_rollout(
+        tmp_path: Path, tiny_model_dir, restore_logging):
+    """A slow rollout (its apply takes 0.3 s) makes every push outlast the learner's next forward and backward
+    pass, so the next optimizer step would change the weights under a push that did not wait for it. Each
+    version the rollout gets must equal that version's checkpoint, and while it applies version v the buffer
+    must still be at v - 1 (admission trusts that rollouts hold the version reported)."""
+    import threading
+
+    from safetensors.torch import load_file
+
+    from drmas.learner.worker import LearnerWorker
+    from drmas.weights import WeightReceiver
+
+    producer_port, consumer_port, weights_port = free_ports(3)
+    steps, group_size = 3, 4
+    out = tmp_path / "run"
+    cfg = read_config(SMOKE, [
+        f"trainer.output_dir={out}", f"trainer.steps={steps}", "trainer.threads=1", "trainer.checkpoint_interval=1",
+        "logging.tensorboard=true", "models.policy.tiny.prime_steps=0", "models.policy.optim.lr=0.01",
+        "rollout.prompts_per_step=1", f"rollout.group_size={group_size}", "pipeline.max_staleness=3",
+        f"pipeline.learner_ports={{policy: {weights_port}}}",
+        f"pipeline.buffer.producer_endpoint=tcp://127.0.0.1:{producer_port}",
+        f"pipeline.buffer.consumer_endpoint=tcp://127.0.0.1:{consumer_port}",
+    ])
+    assert cfg.pipeline.weights.background
+    buffer = TrajectoryBuffer(BufferConfig(producer_endpoint=cfg.pipeline.buffer.producer_endpoint,
+                                           consumer_endpoint=cfg.pipeline.buffer.consumer_endpoint),
+                              agent_models={a: "policy" for a in AGENTS}).start()
+    producer = BufferProducer(buffer.producer_endpoint, "scripted", timeout_s=10)
+    asker = BufferProducer(buffer.producer_endpoint, "asker", timeout_s=10)  # used by the rollout's apply only
+    received: dict[int, dict] = {}
+    buffer_at: dict[int, int] = {}
+
+    def apply(named, version: int, incarnation: str) -> None:
+        received[version] = {name: tensor.clone() for name, tensor in named}
+        asker.request_admission(0)
+        buffer_at[version] = asker.learner_versions.get("policy", 0)
+        time.sleep(0.3)
+
+    receiver = WeightReceiver(f"tcp://127.0.0.1:{weights_port}", "r0", apply, model="policy", background=True)
+    worker = LearnerWorker(cfg, "policy", StopFlag(install=False))
+    result: list = []
+    learner = threading.Thread(target=lambda: result.append(worker.run()))
+    try:
+        learner.start()
+        receiver.start()
+        deadline = time.monotonic() + 60
+        while receiver.version is None:  # joined, and given version 0: every push below reaches it
+            assert time.monotonic() < deadline and learner.is_alive(), "the rollout never got version 0"
+            time.sleep(0.05)
+        _send_groups(producer, steps, group_size)
+        learner.join(timeout=120)
+        assert not learner.is_alive() and result == [steps]
+    finally:
+        receiver.close()
+        producer.close()
+        asker.close()
+        buffer.stop()
+        learner.join(timeout=30)
+
+    assert sorted(received) == list(range(steps + 1))
+    for version in range(1, steps + 1):
+        assert buffer_at[version] == version - 1
+        saved = load_file(out / "learner-policy" / "checkpoints" / f"step_{version}" / "policy" / "model.safetensors")
+        common = sorted(set(saved) & set(received[version]))
+        assert len(common) >= len(received[version]) - 1  # a tied head is sent once, saved under the other name
+        for name in common:
+            assert torch.equal(received[version][name], saved[name]), (version, name)
+    assert any(not torch.equal(received[1][n], received[steps][n]) for n in received[1])  # the weights moved
+    waits = tensorboard_scalars(out / "learner-policy" / "tensorboard")["weight_sync/policy/learner_wait_seconds"]
+    assert [step for step, _ in waits] == list(range(1, steps + 1))

@@ -33,10 +33,10 @@ class WeightSyncConfig(Section):
     )
     ready_gather_s: float = _f(
         0.5,
-        "Once the first rollout of a push is ready, how long the learner waits for the others before it "
+        "Once the first rollout of a push is ready, the longest the learner waits for the others before it "
         "starts sending. Rollouts ready together share one pass down one relay chain; each later group costs "
-        "the learner another pass over the whole model. Longer: fewer passes, but rollouts that were ready "
-        "early pause generation that much longer. About one generation step makes every push one pass.",
+        "the learner another pass over the whole model, while waiting pauses the ready rollouts' generation. "
+        "The learner waits no longer than its last pass took (at least 50 ms), so this only caps the wait.",
     )
     join_retry_s: float = _f(
         1.0,
@@ -65,11 +65,23 @@ class WeightSyncConfig(Section):
         "the weights themselves are always served over their pair.",
     )
 
+    background: bool = _f(
+        True,
+        "Push from a thread of the learner, so that it goes on meanwhile with its next batch (pull, "
+        "advantages, forward and backward passes) while the rollouts finish their generation step, take the "
+        "weights and apply them. Its next optimizer step waits for the push, and the buffer hears of the new "
+        "version only once the push is over, so rollouts are admitted for a version only when they hold it. "
+        "A learner of several ranks always pushes from its own thread (its gathers are collectives).",
+    )
+
     def problems(self, where: str) -> list[str]:
         found = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name not in ("backend", "fanout") and not value > 0:
+            if f.name == "background":
+                if not isinstance(value, bool):
+                    found.append(f"{where}.background: must be true or false, got {value!r}")
+            elif f.name not in ("backend", "fanout") and not value > 0:
                 found.append(f"{where}.{f.name}: must be > 0, got {value!r}")
         if self.backend not in BACKENDS:
             found.append(f"{where}.backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")

@@ -10,9 +10,12 @@ weight sender (its port, its rollouts), running reward statistics, the draws it 
 Order within a step matters for the staleness bound. The new weights are pushed to every connected
 rollout *before* the new version is reported to the buffer, because the buffer admits new groups on the
 strength of that version: a rollout admitted for version v + 1 must already generate with it, or its
-groups would arrive one version staler than admission assumed. The optimizer step and the version bump
+groups would arrive one version staler than admission assumed. The optimizer steps and the version bump
 happen inside `WeightSender.exclusive()`, so a rollout that joins meanwhile is never sent half-updated
-weights or new weights under the old version number.
+weights or new weights under the old version number. By default (`pipeline.weights.background`) the push
+runs on a thread of its own (`drmas.learner.push`) while the lane pulls its next batch and runs its forward
+and backward passes; the next optimizer step waits for it, and the version is reported once it is over.
+A learner of several ranks, whose weights are gathered by collectives, pushes from its own thread.
 
 A batch whose update fails (an exception in the advantages or the update, after the sample checks of
 `GroupCollector`) costs that batch, not the learner: its groups are reported dropped ('update_failed'),
@@ -36,6 +39,7 @@ import logging
 import resource
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +53,7 @@ from drmas.core.draws import DrawSet
 from drmas.core.lineage import Lineage
 from drmas.learner.batch import GroupCollector, StepBatch, group_advantages, report_drops
 from drmas.learner.policy import PolicyTrainer, UpdateStopped
+from drmas.learner.push import BackgroundPush, PushFailed, SharedConsumer
 from drmas.learner.ranks.group import BatchFanout, failure_reports
 from drmas.learner.sample_limits import SampleLimits
 from drmas.learner.scalars import agent_reward_stats, agent_scalars, reward_stats_scalars, staleness_scalars
@@ -62,6 +67,7 @@ from drmas.weights import WeightSender
 log = logging.getLogger(__name__)
 
 MAX_FAILED_UPDATES = 3  # failed updates in a row after which the learner gives up
+PUSH_POLL_MS = 10  # a pull's longest wait while a push is in flight: its version is reported soon after it ends
 DROP_UPDATE_FAILED = "update_failed"
 
 
@@ -110,7 +116,7 @@ class ModelLane:
         self.saved_version = 0
         self.trained = {agent: DrawSet() for agent in self.agents}  # the draws trained, per agent
         self.lineage = Lineage()  # which (incarnation, version) stamps name weights of this learner's history
-        self.consumer = BufferConsumer.from_config(cfg.pipeline.buffer)
+        self.consumer = SharedConsumer(BufferConsumer.from_config(cfg.pipeline.buffer))
         host, port = learner_address(cfg, model_id)
         self.sender = WeightSender.from_config(cfg.pipeline.weights, host, port, model=model_id,
                                                incarnation=self.lineage.incarnation,
@@ -124,6 +130,11 @@ class ModelLane:
                                         trained=lambda part: part.draw in self.trained[part.agent],
                                         makeup=lambda part: any(part.draw in self.trained[agent]
                                                                 for agent in self.agents if agent != part.agent))
+        # a push on its own thread: not where a gather is a collective of the ranks (it must be on this thread)
+        self.background = cfg.pipeline.weights.background and self.source.concurrent
+        self._push: BackgroundPush | None = None  # the push in flight
+        self._pushed = None  # the report of the last push that ended
+        self._push_wait_s = 0.0  # how long this thread waited for pushes since the last step's metrics
         self.failed_updates = 0
         self.failed_in_a_row = 0
         self.finished = False  # the buffer was told this lane reached its steps
@@ -159,9 +170,27 @@ class ModelLane:
         return self.version, self.source
 
     def while_waiting(self) -> None:
-        """Before every pull: keep the other ranks' wait for orders alive, serve joins."""
+        """Before every pull: keep the other ranks' wait for orders alive, serve joins, report the version of a
+        push that ended."""
         self.collective("keepalive", self.fanout.keepalive)
         self.serve_joins()
+        if self._push is not None and self._push.done():
+            self.settle_push()
+
+    def settle_push(self) -> None:
+        """Wait for the push in flight, if any (its thread reported its version)."""
+        if self._push is None:
+            return
+        push, self._push = self._push, None
+        self._pushed, waited = push.wait()
+        self._push_wait_s += waited
+
+    def _push_and_report(self, version: int):
+        """The push thread: the weights of `version` to the rollouts, then the version to the buffer. This
+        lane's thread changes neither the weights nor the version and draws reported until it joined."""
+        report = self.sender.push(self.source, version)
+        self.report_version()
+        return report
 
     def serve_joins(self) -> None:
         """Join syncs the sender leaves to this thread (a sharded source's gather is a collective that must
@@ -169,12 +198,19 @@ class ModelLane:
         self.collective("join sync", self.sender.serve_joins)
 
     def next_batch(self) -> StepBatch | None:
-        """The next update's batch, waiting for it; None once stopped."""
+        """The next update's batch, waiting for it; None once stopped. While a push is in flight the pulls are
+        short: its thread reports the version over the same connection the moment it ends (admission may be
+        waiting for it)."""
+        while self._push is not None and not self.stop.is_set():
+            batch = self.collector.poll(self.version, self.lineage, PUSH_POLL_MS)
+            if batch is not None:
+                return batch
         return self.collector.next_batch(self.version, self.lineage)
 
     def poll(self, wait_ms: int) -> StepBatch | None:
         """The next update's batch if it is whole after one pull of at most `wait_ms`, else None."""
-        return self.collector.poll(self.version, self.lineage, wait_ms)
+        return self.collector.poll(self.version, self.lineage,
+                                   wait_ms if self._push is None else min(wait_ms, PUSH_POLL_MS))
 
     def train(self, batch: StepBatch) -> bool:
         """One update on `batch` and everything after it (metrics, prompts.jsonl, checkpoint); False when the
@@ -202,6 +238,7 @@ class ModelLane:
     def finish(self) -> None:
         """The lane ends normally: its version saved; the buffer told it finished when it reached its steps, so
         admission stops waiting for it (a peer learner that restarted behind it still gets groups)."""
+        self.settle_push()
         if self.version != self.saved_version:
             self.save()  # with N ranks a collective: before the other ranks are let go
         if self.done and not self.stop.is_set() and not self.finished:
@@ -210,6 +247,12 @@ class ModelLane:
 
     def close(self) -> None:
         """Release everything; an unsaved version is saved (one rank) or named as lost (N ranks)."""
+        if self._push is not None:  # not reported: the lane did not finish (the buffer may be what failed)
+            push, self._push = self._push, None
+            try:
+                push.wait()
+            except PushFailed:
+                log.exception("the last push of %r failed", self.model_id)
         if self.version != self.saved_version:
             if self.trainer.ranks.size == 1:
                 self.save()
@@ -241,12 +284,25 @@ class ModelLane:
             self.stats.load_state_dict(stats_before)
             raise UpdateFailed(f"advantages: {exc!r}") from exc
         self.fanout.send(samples, adv)
-        started = time.monotonic()
-        with self.sender.exclusive():
+        started, waited_before = time.monotonic(), self._push_wait_s
+        with ExitStack() as weights:  # the transfer lock, from the first change of the weights to the push
+            held: list[bool] = []
+
+            def change_weights() -> None:  # the push of the last version is over, and none starts
+                if not held:
+                    self.settle_push()
+                    weights.enter_context(self.sender.exclusive())
+                    held.append(True)
+
+            if not self.background:
+                change_weights()
             try:  # a stop signal abandons the update at its next safe point (one rank only, see `update`)
-                scalars.update(self.trainer.update(samples, adv, version=self.version, should_stop=self.stop.is_set))
+                scalars.update(self.trainer.update(samples, adv, version=self.version, should_stop=self.stop.is_set,
+                                                   before_step=change_weights))
             except UpdateStopped:
                 self.stats.load_state_dict(stats_before)
+                raise
+            except PushFailed:
                 raise
             except Exception as exc:  # before optimizer.step: the weights are unchanged
                 if self.trainer.ranks.size > 1:  # the other ranks are inside this update's collectives
@@ -254,26 +310,44 @@ class ModelLane:
                 self.trainer.optimizer.zero_grad(set_to_none=True)
                 self.stats.load_state_dict(stats_before)
                 raise UpdateFailed(f"update: {exc!r}") from exc
-            updated = time.monotonic()
+            updated = time.monotonic() - (self._push_wait_s - waited_before)  # the wait for a push is not the update's
+            change_weights()  # every step skipped (a gradient not finite): the version moves all the same
             self.version += 1
             self._mark_trained(batch)
-            report = self.collective("weight push", lambda: self.sender.push(self.source, self.version))
-        self.report_version()
+            if self.background:  # its thread takes the transfer lock once this block lets it go
+                version = self.version
+                self._push = BackgroundPush(lambda: self._push_and_report(version), version)
+            else:
+                self._pushed = self.collective("weight push", lambda: self.sender.push(self.source, self.version))
+                self._push_wait_s += self._pushed.seconds
+        if not self.background:
+            self.report_version()
         scalars.update({
             f"version/{m}": float(self.version),
             f"time/{m}/update_seconds": updated - started,
             f"memory/{m}/peak_rss_mb": peak_rss_mb(),  # the whole process's: all its lanes together
-            f"weight_sync/{m}/seconds": report.seconds,
-            f"weight_sync/{m}/mb": report.bytes / 1e6,  # per rollout, in the engines' dtype (the compute dtype)
-            f"weight_sync/{m}/receivers": float(len(report.receivers_ok)),
-            f"weight_sync/{m}/dropped": float(len(report.receivers_dropped)),
-            f"weight_sync/{m}/learner_sends": float(report.learner_sends),  # passes over the model (1: flat)
             f"weight_sync/{m}/gathered_mb": self.source.peak_bytes / 1e6,  # N ranks: rank 0's extra, bounded
+            **self._push_scalars(),
             f"samples/{m}": float(len(samples)),
             **{f"dropped/{m}/{reason}": float(n) for reason, n in batch.dropped.items()},
             f"failed_updates/{m}": float(self.failed_updates),
         })
         return scalars, hists
+
+    def _push_scalars(self) -> dict[str, float]:
+        """The last push that ended (in the background: the version before this step's, if it ended)."""
+        report, m = self._pushed, self.model_id
+        waited, self._push_wait_s = self._push_wait_s, 0.0
+        if report is None:
+            return {f"weight_sync/{m}/learner_wait_seconds": waited}
+        return {
+            f"weight_sync/{m}/learner_wait_seconds": waited,  # this thread's, since the last step's metrics
+            f"weight_sync/{m}/seconds": report.seconds,
+            f"weight_sync/{m}/mb": report.bytes / 1e6,  # per rollout, in the engines' dtype (the compute dtype)
+            f"weight_sync/{m}/receivers": float(len(report.receivers_ok)),
+            f"weight_sync/{m}/dropped": float(len(report.receivers_dropped)),
+            f"weight_sync/{m}/learner_sends": float(report.learner_sends),  # passes over the model (1: flat)
+        }
 
     def _mark_trained(self, batch: StepBatch) -> None:
         for part in batch.groups:

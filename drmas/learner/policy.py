@@ -140,7 +140,7 @@ class PolicyTrainer:
 
     def update(
         self, samples: Sequence[Sample], advantages: np.ndarray, version: int | None = None,
-        should_stop: Callable[[], bool] | None = None,
+        should_stop: Callable[[], bool] | None = None, before_step: Callable[[], None] | None = None,
     ) -> dict[str, float]:
         """Take `optim_steps_per_update` optimizer steps on these samples; returns metrics named per model.
 
@@ -157,6 +157,9 @@ class PolicyTrainer:
         seconds for a real model on CPU) before it saves. After the first optimizer step the weights have
         changed and the update is finished, so what is saved is always a whole version. One process only:
         ranks of a sharded model would leave each other inside a collective.
+
+        `before_step` is called once, right before the first optimizer step changes the weights: a push of
+        these weights still in flight on another thread is waited for there (`drmas.learner.push`).
         """
         if not samples:
             return {}
@@ -177,8 +180,9 @@ class PolicyTrainer:
         weights = np.array([self.agent_loss_weights.get(s.agent, 1.0) for s in samples], dtype=np.float64)
         adv = np.asarray(advantages, dtype=np.float64) * weights
         sums: dict[str, list[float]] = defaultdict(list)
+        first_change = _once(before_step)
         for index, chunk in enumerate(chunks):
-            self._optimizer_step(chunk, samples, lengths, proximal, behaviour, adv, sums,
+            self._optimizer_step(chunk, samples, lengths, proximal, behaviour, adv, sums, first_change,
                                  should_stop if index == 0 else None)
         proximal = self.ranks.fill_rows(proximal, [len(s.response_ids) for s in samples])
         m = self.model_id
@@ -199,7 +203,7 @@ class PolicyTrainer:
         }
 
     def _optimizer_step(self, step: np.ndarray, samples, lengths, proximal, behaviour, adv, sums,
-                        should_stop: Callable[[], bool] | None = None) -> None:
+                        before_step: Callable[[], None], should_stop: Callable[[], bool] | None = None) -> None:
         """One optimizer step over samples[step], accumulating micro-batch gradients; fills in missing
         proximal log-probs from the (pre-step) gradient pass. This rank's share is `chunk`; the normaliser
         is the whole step's, so the gradients summed over ranks are the whole step's gradient. `should_stop`
@@ -236,6 +240,7 @@ class PolicyTrainer:
         if math.isfinite(grad_norm):
             for group in self.optimizer.param_groups:
                 group["lr"] = self.learning_rate(self.optimizer_steps + 1)
+            before_step()
             self.optimizer.step()
             self.optimizer_steps += 1
         else:
@@ -283,6 +288,17 @@ class PolicyTrainer:
                        optim_state_dict=state["optimizer"], options=StateDictOptions(strict=self.adapter is None))
         self.skipped_steps = int(state["skipped_steps"])
         self.optimizer_steps = int(state["optimizer_steps"])
+
+
+def _once(call: Callable[[], None] | None) -> Callable[[], None]:
+    """`call` on the first call of the result only (none: nothing)."""
+    pending = [call] if call is not None else []
+
+    def first() -> None:
+        while pending:
+            pending.pop()()
+
+    return first
 
 
 def checkpoint_layers(model: torch.nn.Module, key: str) -> None:
