@@ -134,7 +134,9 @@ class ModelLane:
         self.background = cfg.pipeline.weights.background and self.source.concurrent
         self._push: BackgroundPush | None = None  # the push in flight
         self._pushed = None  # the report of the last push that ended
-        self._push_wait_s = 0.0  # how long this thread waited for pushes since the last step's metrics
+        self._push_wait_s = 0.0  # how long this thread waited for the last step's push
+        self._unlogged: tuple | None = None  # (version, scalars, histograms) of a step whose push is in flight
+        self.closing = False
         self.failed_updates = 0
         self.failed_in_a_row = 0
         self.finished = False  # the buffer was told this lane reached its steps
@@ -170,20 +172,21 @@ class ModelLane:
         return self.version, self.source
 
     def while_waiting(self) -> None:
-        """Before every pull: keep the other ranks' wait for orders alive, serve joins, report the version of a
-        push that ended."""
+        """Before every pull: keep the other ranks' wait for orders alive, serve joins, collect a push that
+        ended."""
         self.collective("keepalive", self.fanout.keepalive)
         self.serve_joins()
         if self._push is not None and self._push.done():
             self.settle_push()
 
     def settle_push(self) -> None:
-        """Wait for the push in flight, if any (its thread reported its version)."""
+        """Wait for the push in flight, if any (its thread reported its version); then write its step's metrics."""
         if self._push is None:
             return
         push, self._push = self._push, None
         self._pushed, waited = push.wait()
         self._push_wait_s += waited
+        self._log_step()
 
     def _push_and_report(self, version: int):
         """The push thread: the weights of `version` to the rollouts, then the version to the buffer. This
@@ -226,14 +229,26 @@ class ModelLane:
         now = time.monotonic()
         scalars.update(self._timing(batch, now - self._last))
         self._last = now
-        self.writer.log(self.version, scalars, hists)
+        self._unlogged = (self.version, scalars, hists)
+        if self._push is None:  # pushed from this thread: the step's metrics are whole
+            self._log_step()
         self.prompts.write({"step": self.version, **batch.prompts_record()})
         cfg = self.cfg
         if cfg.logging.console_every and self.version % cfg.logging.console_every == 0:
             log.info(agent_line(self.version, scalars, self.agents, [self.model_id]))
         if cfg.trainer.checkpoint_interval and self.version % cfg.trainer.checkpoint_interval == 0:
+            self.settle_push()  # a step's metrics are written before its checkpoint (a resume never skips one)
             self.save()
         return True
+
+    def _log_step(self) -> None:
+        """Write the last step's metrics, with the figures of its push (in the background: once it ended)."""
+        if self._unlogged is None:
+            return
+        version, scalars, hists = self._unlogged
+        self._unlogged = None
+        scalars.update(self._push_scalars())
+        self.writer.log(version, scalars, hists)
 
     def finish(self) -> None:
         """The lane ends normally: its version saved; the buffer told it finished when it reached its steps, so
@@ -247,12 +262,11 @@ class ModelLane:
 
     def close(self) -> None:
         """Release everything; an unsaved version is saved (one rank) or named as lost (N ranks)."""
-        if self._push is not None:  # not reported: the lane did not finish (the buffer may be what failed)
-            push, self._push = self._push, None
-            try:
-                push.wait()
-            except PushFailed:
-                log.exception("the last push of %r failed", self.model_id)
+        self.closing = True  # a push still reporting its version gives up retrying (the buffer may be gone)
+        try:
+            self.settle_push()
+        except PushFailed:
+            log.exception("the last push of %r failed", self.model_id)
         if self.version != self.saved_version:
             if self.trainer.ranks.size == 1:
                 self.save()
@@ -284,15 +298,16 @@ class ModelLane:
             self.stats.load_state_dict(stats_before)
             raise UpdateFailed(f"advantages: {exc!r}") from exc
         self.fanout.send(samples, adv)
-        started, waited_before = time.monotonic(), self._push_wait_s
+        started = time.monotonic()
         with ExitStack() as weights:  # the transfer lock, from the first change of the weights to the push
-            held: list[bool] = []
+            held: list[float] = []  # the seconds waited for the last push before the weights changed
 
             def change_weights() -> None:  # the push of the last version is over, and none starts
                 if not held:
+                    waiting = time.monotonic()
                     self.settle_push()
                     weights.enter_context(self.sender.exclusive())
-                    held.append(True)
+                    held.append(time.monotonic() - waiting)
 
             if not self.background:
                 change_weights()
@@ -310,7 +325,7 @@ class ModelLane:
                 self.trainer.optimizer.zero_grad(set_to_none=True)
                 self.stats.load_state_dict(stats_before)
                 raise UpdateFailed(f"update: {exc!r}") from exc
-            updated = time.monotonic() - (self._push_wait_s - waited_before)  # the wait for a push is not the update's
+            updated = time.monotonic() - sum(held)  # the wait for the last push is not the update's
             change_weights()  # every step skipped (a gradient not finite): the version moves all the same
             self.version += 1
             self._mark_trained(batch)
@@ -327,7 +342,6 @@ class ModelLane:
             f"time/{m}/update_seconds": updated - started,
             f"memory/{m}/peak_rss_mb": peak_rss_mb(),  # the whole process's: all its lanes together
             f"weight_sync/{m}/gathered_mb": self.source.peak_bytes / 1e6,  # N ranks: rank 0's extra, bounded
-            **self._push_scalars(),
             f"samples/{m}": float(len(samples)),
             **{f"dropped/{m}/{reason}": float(n) for reason, n in batch.dropped.items()},
             f"failed_updates/{m}": float(self.failed_updates),
@@ -335,13 +349,11 @@ class ModelLane:
         return scalars, hists
 
     def _push_scalars(self) -> dict[str, float]:
-        """The last push that ended (in the background: the version before this step's, if it ended)."""
+        """The figures of the push of the step being logged."""
         report, m = self._pushed, self.model_id
         waited, self._push_wait_s = self._push_wait_s, 0.0
-        if report is None:
-            return {f"weight_sync/{m}/learner_wait_seconds": waited}
         return {
-            f"weight_sync/{m}/learner_wait_seconds": waited,  # this thread's, since the last step's metrics
+            f"weight_sync/{m}/learner_wait_seconds": waited,  # this thread's (the whole push, unless in the background)
             f"weight_sync/{m}/seconds": report.seconds,
             f"weight_sync/{m}/mb": report.bytes / 1e6,  # per rollout, in the engines' dtype (the compute dtype)
             f"weight_sync/{m}/receivers": float(len(report.receivers_ok)),
@@ -406,7 +418,7 @@ class ModelLane:
                 return
             except TimeoutError as exc:
                 log.warning("%s; retrying", exc)
-                if self.stop.is_set():
+                if self.stop.is_set() or self.closing:
                     return
 
     # ---- checkpoints -------------------------------------------------------------------------------
