@@ -21,6 +21,7 @@ from tb_events import tensorboard_scalars
 from drmas.buffer import BufferConfig, BufferProducer, TrajectoryBuffer
 from drmas.config import read_config
 from drmas.core.sample import Sample
+from drmas.runtime.metrics import read_metrics
 from drmas.runtime.process import StopFlag
 
 AGENTS = ("solver", "verifier")
@@ -219,12 +220,14 @@ def test_a_background_push_sends_each_version_as_trained_and_the_buffer_hears_of
     asker = BufferProducer(buffer.producer_endpoint, "asker", timeout_s=10)  # used by the rollout's apply only
     received: dict[int, dict] = {}
     buffer_at: dict[int, int] = {}
+    applied_at: dict[int, float] = {}
 
     def apply(named, version: int, incarnation: str) -> None:
         received[version] = {name: tensor.clone() for name, tensor in named}
         asker.request_admission(0)
         buffer_at[version] = asker.learner_versions.get("policy", 0)
         time.sleep(0.3)
+        applied_at[version] = time.time()
 
     receiver = WeightReceiver(f"tcp://127.0.0.1:{weights_port}", "r0", apply, model="policy", background=True)
     worker = LearnerWorker(cfg, "policy", StopFlag(install=False))
@@ -258,3 +261,9 @@ def test_a_background_push_sends_each_version_as_trained_and_the_buffer_hears_of
     assert any(not torch.equal(received[1][n], received[steps][n]) for n in received[1])  # the weights moved
     waits = tensorboard_scalars(out / "learner-policy" / "tensorboard")["weight_sync/policy/learner_wait_seconds"]
     assert [step for step, _ in waits] == list(range(1, steps + 1))
+    # a step's record is written once its push ended, but stamped with the step's end (throughput is measured
+    # between the stamps): before the rollout finished applying that version
+    records = read_metrics(out / "learner-policy" / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(r["time"] < applied_at[r["step"]] for r in records), (records, applied_at)
+    assert all(r["weight_sync/policy/receivers"] == 1 for r in records)  # each step's figures: its own push

@@ -135,7 +135,7 @@ class ModelLane:
         self._push: BackgroundPush | None = None  # the push in flight
         self._pushed = None  # the report of the last push that ended
         self._push_wait_s = 0.0  # how long this thread waited for the last step's push
-        self._unlogged: tuple | None = None  # (version, scalars, histograms) of a step whose push is in flight
+        self._unlogged: tuple | None = None  # (version, scalars, histograms, end) of a step whose push is in flight
         self.closing = False
         self.failed_updates = 0
         self.failed_in_a_row = 0
@@ -229,7 +229,7 @@ class ModelLane:
         now = time.monotonic()
         scalars.update(self._timing(batch, now - self._last))
         self._last = now
-        self._unlogged = (self.version, scalars, hists)
+        self._unlogged = (self.version, scalars, hists, time.time())
         if self._push is None:  # pushed from this thread: the step's metrics are whole
             self._log_step()
         self.prompts.write({"step": self.version, **batch.prompts_record()})
@@ -245,10 +245,10 @@ class ModelLane:
         """Write the last step's metrics, with the figures of its push (in the background: once it ended)."""
         if self._unlogged is None:
             return
-        version, scalars, hists = self._unlogged
+        version, scalars, hists, ended = self._unlogged
         self._unlogged = None
         scalars.update(self._push_scalars())
-        self.writer.log(version, scalars, hists)
+        self.writer.log(version, scalars, hists, at=ended)  # stamped with the step's end: throughput is measured
 
     def finish(self) -> None:
         """The lane ends normally: its version saved; the buffer told it finished when it reached its steps, so

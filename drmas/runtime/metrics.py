@@ -40,16 +40,20 @@ class MetricsWriter:
             purge = None if resumed_at is None else resumed_at + 1
             self._tb = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"), purge_step=purge)
 
-    def log(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray] | None = None) -> None:
+    def log(self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, np.ndarray] | None = None,
+            at: float | None = None) -> None:
+        """One record; `at`: the wall-clock time it stands for (default now), for a record written later than
+        its step ended (a learner's, once the step's push ended): throughput is measured between records."""
+        at = time.time() if at is None else at
         clean = {k: float(v) for k, v in scalars.items()}
-        record = {"step": step, "time": time.time(), **{k: (v if math.isfinite(v) else None) for k, v in clean.items()}}
+        record = {"step": step, "time": at, **{k: (v if math.isfinite(v) else None) for k, v in clean.items()}}
         self._jsonl.write(json.dumps(record) + "\n")
         if self._tb is not None:
             for name, value in clean.items():
-                self._tb.add_scalar(name, value, step)
+                self._tb.add_scalar(name, value, step, walltime=at)
             for name, values in (histograms or {}).items():
                 if len(values):
-                    self._tb.add_histogram(name, np.asarray(values), step)
+                    self._tb.add_histogram(name, np.asarray(values), step, walltime=at)
 
     def add_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
         """TensorBoard points of another log of this run (its evaluations) in this writer's event file, no
